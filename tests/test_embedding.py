@@ -1,0 +1,37 @@
+import math
+
+import pytest
+import torch
+
+import transformer_lib as tl
+
+
+def test_embedding_scales_by_sqrt_d_model():
+    emb = tl.TokenEmbedding(vocab_size=10, d_model=16, pad_id=0)
+    ids = torch.tensor([[1, 2, 0]])
+    torch.testing.assert_close(emb(ids), emb.lookup.weight[ids] * math.sqrt(16))
+    assert (emb(ids)[0, 2] == 0).all()  # the padding vector starts at zero
+
+
+@pytest.mark.parametrize("bad", [10, 99, -1])
+def test_out_of_vocabulary_ids_get_a_clear_error(bad):
+    emb = tl.TokenEmbedding(vocab_size=10, d_model=4)
+    with pytest.raises(ValueError, match=rf"token id {bad}, outside the vocabulary.*\[0, 9\]"):
+        emb(torch.tensor([[1, bad]]))
+
+
+def test_non_integer_ids_are_rejected():
+    emb = tl.TokenEmbedding(vocab_size=10, d_model=4)
+    with pytest.raises(TypeError, match="integer token ids.*torch.float32"):
+        emb(torch.tensor([[1.0, 2.0]]))
+    with pytest.raises(TypeError, match="must be a torch.Tensor.*list"):
+        emb([[1, 2]])
+
+
+def test_pad_batch():
+    batch = tl.pad_batch([[5, 6, 7], [8]], pad_id=0)
+    assert batch.tolist() == [[5, 6, 7], [8, 0, 0]] and batch.dtype == torch.long
+    with pytest.raises(ValueError, match=r"sequences\[1\] is empty"):
+        tl.pad_batch([[1], []], pad_id=0)
+    with pytest.raises(ValueError, match="sequences is empty"):
+        tl.pad_batch([], pad_id=0)

@@ -1,0 +1,190 @@
+import pytest
+import torch
+from torch import nn
+
+import transformer_lib as tl
+from test_multihead import copy_into_torch_mha
+
+SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
+
+
+def small_model(norm_first: bool = False, dropout: float = 0.0, **changes) -> tl.Transformer:
+    return tl.Transformer(tl.TransformerConfig(**{**SMALL, **changes}, dropout=dropout, norm_first=norm_first))
+
+
+def copy_sublayers(ours, theirs, attn_pairs, norm_pairs) -> None:
+    for mine, torch_attn in attn_pairs:
+        copy_into_torch_mha(mine, torch_attn)
+    theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
+    theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
+    for mine, torch_norm in norm_pairs:
+        torch_norm.load_state_dict(mine.norm.state_dict())
+
+
+def torch_transformer_like(model: tl.Transformer) -> nn.Transformer:
+    """An nn.Transformer holding a copy of our encoder and decoder weights."""
+    cfg = model.cfg
+    layer_args = dict(d_model=cfg.d_model, nhead=cfg.n_heads, dim_feedforward=cfg.d_ff, dropout=0.0,
+                      batch_first=True, norm_first=cfg.norm_first)
+    # nn.Transformer always ends each stack with a LayerNorm; the paper's post-norm model has none,
+    # so for post-norm we pass stacks without that final norm.
+    enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+    dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(**layer_args), cfg.n_layers, enc_norm,
+                                    enable_nested_tensor=False)
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(**layer_args), cfg.n_layers, dec_norm)
+    theirs = nn.Transformer(d_model=cfg.d_model, nhead=cfg.n_heads, custom_encoder=encoder, custom_decoder=decoder,
+                            batch_first=True)
+    for mine, torch_layer in zip(model.encoder.layers, encoder.layers):
+        copy_sublayers(mine, torch_layer, [(mine.self_attn, torch_layer.self_attn)],
+                       [(mine.attn_block, torch_layer.norm1), (mine.ff_block, torch_layer.norm2)])
+    for mine, torch_layer in zip(model.decoder.layers, decoder.layers):
+        copy_sublayers(mine, torch_layer,
+                       [(mine.self_attn, torch_layer.self_attn), (mine.cross_attn, torch_layer.multihead_attn)],
+                       [(mine.self_attn_block, torch_layer.norm1), (mine.cross_attn_block, torch_layer.norm2),
+                        (mine.ff_block, torch_layer.norm3)])
+    if cfg.norm_first:
+        encoder.norm.load_state_dict(model.encoder.norm.state_dict())
+        decoder.norm.load_state_dict(model.decoder.norm.state_dict())
+    return theirs
+
+
+def batch(pad_src: int = 3, pad_tgt: int = 2):
+    src = torch.randint(1, SMALL["src_vocab_size"], (3, 9))
+    tgt = torch.randint(1, SMALL["tgt_vocab_size"], (3, 7))
+    src[1, -pad_src:] = 0
+    tgt[2, -pad_tgt:] = 0
+    return src, tgt
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_matches_torch_transformer(norm_first):
+    model = small_model(norm_first)
+    theirs = torch_transformer_like(model)
+    src, tgt = batch()
+    src_x = model.src_positional(model.src_embed(src))
+    tgt_x = model.tgt_positional(model.tgt_embed(tgt))
+    ref = theirs(src_x, tgt_x, tgt_mask=~tl.causal_mask(tgt.size(1))[0, 0], src_key_padding_mask=(src == 0),
+                 tgt_key_padding_mask=(tgt == 0), memory_key_padding_mask=(src == 0))
+    src_mask = tl.padding_mask(src, 0)
+    memory = model.encode(src, src_mask)
+    ours = model.decoder(tgt_x, memory, src_mask, tl.target_mask(tgt, 0))
+    real = tgt != 0  # torch gives padded target rows no meaning; compare the real ones
+    torch.testing.assert_close(ours[real], ref[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.generator(ours), model(src, tgt))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_decoder_never_sees_the_future(norm_first, fused):
+    model = small_model(norm_first).eval()
+    for module in model.modules():
+        if isinstance(module, tl.MultiHeadAttention):
+            module.fused = fused
+    src, tgt = batch()
+    src_mask = tl.padding_mask(src, 0)
+    memory = model.encode(src, src_mask)
+    tgt = tgt.clone()
+    tgt[2] = torch.randint(1, SMALL["tgt_vocab_size"], (7,))  # no padding: only the causal mask protects it
+    y = model.tgt_positional(model.tgt_embed(tgt)).detach().requires_grad_()
+    out = model.decoder(y, memory, src_mask, tl.target_mask(tgt, 0))
+    probe = torch.randn_like(out)  # a plain .sum() of a LayerNorm output has zero gradient
+    for t in range(tgt.size(1)):
+        (grad,) = torch.autograd.grad((out[:, t] * probe[:, t]).sum(), y, retain_graph=True)
+        assert (grad[:, t + 1 :] == 0).all(), f"position {t} receives gradient from later positions"
+        assert (grad[:, : t + 1].abs().sum() > 0), f"position {t} should depend on positions 0..{t}"
+    # and by perturbation, through the public forward: changing token t+1.. leaves logits 0..t unchanged
+    logits = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(1, SMALL["tgt_vocab_size"], (3, 3))
+    torch.testing.assert_close(model(src, changed)[:, :4], logits[:, :4], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_no_information_flows_from_padding(norm_first, fused):
+    model = small_model(norm_first).eval()
+    for module in model.modules():
+        if isinstance(module, tl.MultiHeadAttention):
+            module.fused = fused
+    src, tgt = batch(pad_src=4)
+    src_mask = tl.padding_mask(src, 0)
+    x = model.src_positional(model.src_embed(src)).detach().requires_grad_()
+    memory = model.encoder(x, src_mask)
+    logits = model.decode(tgt, memory, src_mask)
+    (grad,) = torch.autograd.grad((logits * torch.randn_like(logits)).sum(), x)
+    assert (grad[1, -4:] == 0).all(), "source padding leaked into the output (encoder or cross-attention)"
+    assert (grad[1, :-4] != 0).any()
+    # and the padded sentence translates exactly as it does alone, without padding
+    alone = model(src[1:2, :-4], tgt[1:2])
+    torch.testing.assert_close(model(src, tgt)[1:2], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_all_padding_source_gives_no_nan():
+    model = small_model()
+    src, tgt = batch()
+    src[0] = 0
+    logits = model(src, tgt)
+    logits.sum().backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_base_model_has_the_papers_parameter_count():
+    model = tl.Transformer(tl.TransformerConfig(src_vocab_size=37000, tgt_vocab_size=37000, share_embeddings=True))
+    d, d_ff, n = 512, 2048, 6
+    attention = 4 * (d * d + d)  # W^Q, W^K, W^V, W^O with biases
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    assert n * encoder_layer + n * decoder_layer == 44_138_496
+    assert tl.count_parameters(model.encoder) + tl.count_parameters(model.decoder) == 44_138_496
+    # one 37000 x 512 matrix shared by both embeddings and the output projection (section 3.4)
+    assert tl.count_parameters(model) == 44_138_496 + 37000 * 512
+
+
+def test_weight_tying_shares_one_matrix():
+    model = small_model()
+    assert model.generator.weight is model.tgt_embed.lookup.weight
+    untied = small_model(tie_embeddings=False)
+    assert untied.generator.weight is not untied.tgt_embed.lookup.weight
+    assert tl.count_parameters(untied) - tl.count_parameters(model) == 50 * 32
+
+
+def test_dropout_is_off_in_eval_and_on_in_train():
+    model = small_model(dropout=0.3)
+    src, tgt = batch()
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt), atol=0, rtol=0)
+    model.train()
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(d_model=30, n_heads=4), "d_model must be divisible by n_heads, got d_model=30 and n_heads=4"),
+        (dict(dropout=1.5), r"dropout must be in \[0, 1\), got 1.5"),
+        (dict(positional="rotary"), "positional must be 'sinusoidal' or 'learned', got 'rotary'"),
+        (dict(share_embeddings=True), "share_embeddings needs one joint vocabulary"),
+        (dict(pad_id=40), "pad_id must be a token id of both vocabularies, got 40"),
+        (dict(n_layers=0), "n_layers must be a positive integer, got 0"),
+    ],
+)
+def test_bad_configurations(changes, message):
+    with pytest.raises(ValueError, match=message):
+        tl.TransformerConfig(**{**SMALL, **changes})
+
+
+def test_bad_inputs_to_the_model():
+    model = small_model()
+    src, tgt = batch()
+    with pytest.raises(ValueError, match=r"src contains|ids contains token id 40, outside the vocabulary"):
+        model(torch.full((1, 3), 40), tgt[:1])
+    with pytest.raises(ValueError, match="sequence length is 21, longer than max_len=20"):
+        model(torch.ones(1, 21, dtype=torch.long), tgt[:1])
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(src.float(), tgt)
+    with pytest.raises(ValueError, match=r"same batch size, got shapes \(3, 9\) and \(2, 7\)"):
+        model(src, tgt[:2])

@@ -1,0 +1,32 @@
+"""Hand-written helpers the book uses but does not teach: picking a device and the smoke-test switch."""
+
+import os
+
+import torch
+
+SMOKE_ENV = "TRANSFORMER_BOOK_SMOKE"
+
+
+def get_device() -> torch.device:
+    """The best device available: CUDA, then Apple's MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def is_smoke() -> bool:
+    """True when TRANSFORMER_BOOK_SMOKE asks for a shrunken run (CI sets it to 1)."""
+    value = os.environ.get(SMOKE_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"{SMOKE_ENV} must be 1 or 0 (or true/false), got {value!r}")
+
+
+def smoke_or(full, smoke):
+    """Return `smoke` under TRANSFORMER_BOOK_SMOKE=1, else `full`: one place to shrink a heavy setting for CI."""
+    return smoke if is_smoke() else full
