@@ -35,3 +35,16 @@ def test_pad_batch():
         tl.pad_batch([[1], []], pad_id=0)
     with pytest.raises(ValueError, match="sequences is empty"):
         tl.pad_batch([], pad_id=0)
+
+
+def test_bpe_tokenizer_round_trip_and_special_tokens():
+    texts = ["Ein Mann fährt Fahrrad .", "Eine Frau liest ein Buch .", "Zwei Kinder spielen im Park ."] * 3
+    tokenizer = tl.train_bpe_tokenizer(texts, vocab_size=80, min_frequency=1)
+    for token, expected in zip(tl.SPECIAL_TOKENS, (tl.PAD_ID, tl.BOS_ID, tl.EOS_ID, tl.UNK_ID)):
+        assert tokenizer.token_to_id(token) == expected
+    sentence = "Ein Kind fährt im Park ."
+    ids = tokenizer.encode(sentence).ids
+    assert ids[0] == tl.BOS_ID and ids[-1] == tl.EOS_ID and tl.UNK_ID not in ids
+    assert tokenizer.decode(ids) == sentence
+    with pytest.raises(ValueError, match="vocab_size must exceed the 4 special tokens, got 4"):
+        tl.train_bpe_tokenizer(texts, vocab_size=4)

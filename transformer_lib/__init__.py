@@ -5,7 +5,17 @@ the book's notebooks by tools/export.py; runtime and checks are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
-from transformer_lib.embedding import TokenEmbedding, check_token_ids, pad_batch
+from transformer_lib.embedding import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    TokenEmbedding,
+    check_token_ids,
+    pad_batch,
+    train_bpe_tokenizer,
+)
 from transformer_lib.masks import causal_mask, padding_mask, target_mask
 from transformer_lib.model import (
     Decoder,
@@ -25,6 +35,11 @@ from transformer_lib.runtime import get_device, is_smoke, smoke_or
 __version__ = "0.1.0"
 
 __all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "SPECIAL_TOKENS",
+    "UNK_ID",
     "Decoder",
     "DecoderLayer",
     "Encoder",
@@ -49,4 +64,5 @@ __all__ = [
     "sinusoidal_encoding",
     "smoke_or",
     "target_mask",
+    "train_bpe_tokenizer",
 ]

@@ -3,10 +3,31 @@
 """From text to tensors: the pieces built in book/01_text_to_tensors.ipynb."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor, nn
+
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3 in every vocabulary of the book
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Train a byte-pair-encoding tokenizer on texts; its encodings are wrapped in <bos> ... <eos>."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.NFC()  # one Unicode spelling for characters such as ä
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # "▁" marks the start of each word
+    tokenizer.decoder = decoders.Metaspace()  # and turns back into a space when decoding
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS))
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", BOS_ID), ("<eos>", EOS_ID)]
+    )
+    return tokenizer
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> Tensor:
