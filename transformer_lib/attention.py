@@ -9,7 +9,7 @@ from torch import Tensor
 
 
 def check_mask(mask: Tensor, scores_shape: torch.Size, name: str = "mask") -> None:
-    """Raise a clear error unless mask is boolean and broadcasts to the scores' shape (..., T_q, T_k)."""
+    """Raise a clear error unless mask is boolean, has one dimension per score dimension and broadcasts to them."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -17,15 +17,16 @@ def check_mask(mask: Tensor, scores_shape: torch.Size, name: str = "mask") -> No
             f"{name} must have dtype torch.bool (True = may be attended to), got {mask.dtype}; "
             f"build it with padding_mask() or causal_mask()"
         )
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    try:  # equal rank too: a (B, S) mask would broadcast to (B, 1, S, S) when B == S, with the wrong meaning
+        fits = mask.dim() == len(scores_shape) and torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
     except RuntimeError:
         fits = False
     if not fits:
         raise ValueError(
-            f"{name} has shape {tuple(mask.shape)}, which does not broadcast to the attention scores' shape "
-            f"{tuple(scores_shape)} (batch, heads, query length, key length); expected e.g. (B, 1, 1, T_k) "
-            f"for padding or (1, 1, T_q, T_k) for a causal mask"
+            f"{name} has shape {tuple(mask.shape)}, which does not fit the attention scores' shape "
+            f"{tuple(scores_shape)} (batch, heads, query length, key length); expected one dimension per score "
+            f"dimension, each of size 1 or equal to it, e.g. (B, 1, 1, T_k) for padding or (1, 1, T_q, T_k) for a "
+            f"causal mask"
         )
 
 

@@ -70,9 +70,14 @@ class DecoderLayer(nn.Module):
         self.cross_attn_block = SublayerConnection(d_model, dropout, norm_first)
         self.ff_block = SublayerConnection(d_model, dropout, norm_first)
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        x = self.self_attn_block(x, lambda y: self.self_attn(y, y, y, tgt_mask)[0])  # (B, T, d_model)
-        x = self.cross_attn_block(x, lambda y: self.cross_attn(y, memory, memory, src_mask)[0])  # (B, T, d_model)
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None, cache: dict | None = None
+    ) -> Tensor:
+        self_cache, cross_cache = (cache["self"], cache["cross"]) if cache is not None else (None, None)
+        x = self.self_attn_block(x, lambda y: self.self_attn(y, y, y, tgt_mask, cache=self_cache)[0])  # (B, T, d_model)
+        x = self.cross_attn_block(
+            x, lambda y: self.cross_attn(y, memory, memory, src_mask, cache=cross_cache, static_kv=True)[0]
+        )  # (B, T, d_model)
         return self.ff_block(x, self.feed_forward)  # (B, T, d_model)
 
 
@@ -106,9 +111,11 @@ class Decoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)  # (B, T, d_model)
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None, cache: list[dict] | None = None
+    ) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])  # (B, T, d_model)
         return self.norm(x)
 
 
@@ -184,13 +191,36 @@ class Transformer(nn.Module):
         x = self.src_positional(self.src_embed(src))  # (B, S) -> (B, S, d_model)
         return self.encoder(x, src_mask)  # (B, S, d_model)
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None = None) -> Tensor:
-        """Target ids (B, T) and memory (B, S, d_model) -> logits (B, T, tgt_vocab)."""
-        if tgt_mask is None:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None = None, cache: dict | None = None
+    ) -> Tensor:
+        """Target ids (B, T) and memory (B, S, d_model) -> logits (B, T, tgt_vocab).
+
+        With a cache from init_cache() (chapter 8), tgt holds only the newest tokens; earlier ones are in the cache.
+        """
+        start = 0 if cache is None else cache["length"]
+        if tgt_mask is None and cache is None:
             tgt_mask = target_mask(tgt, self.cfg.pad_id)  # (B, 1, T, T)
-        y = self.tgt_positional(self.tgt_embed(tgt))  # (B, T) -> (B, T, d_model)
-        y = self.decoder(y, memory, src_mask, tgt_mask)  # (B, T, d_model)
+        elif tgt_mask is None:  # new tokens see every cached position and the new ones up to themselves
+            tgt_mask = torch.ones(tgt.size(1), start + tgt.size(1), dtype=torch.bool, device=tgt.device)
+            tgt_mask = tgt_mask.tril(diagonal=start)[None, None]  # (1, 1, T, start + T)
+        y = self.tgt_positional(self.tgt_embed(tgt), start)  # (B, T) -> (B, T, d_model)
+        y = self.decoder(y, memory, src_mask, tgt_mask, None if cache is None else cache["layers"])  # (B, T, d_model)
+        if cache is not None:
+            cache["length"] += tgt.size(1)
         return self.generator(y)  # (B, T, d_model) -> (B, T, tgt_vocab)
+
+    def init_cache(self) -> dict:
+        """An empty key/value cache for decoding one token at a time with decode(..., cache=cache)."""
+        return {"length": 0, "layers": [{"self": {}, "cross": {}} for _ in self.decoder.layers]}
+
+    @staticmethod
+    def reorder_cache(cache: dict, index: Tensor) -> None:
+        """Keep the cache rows named by index (B',), in that order: beam search calls it when beams are reordered."""
+        for layer in cache["layers"]:
+            for part in layer.values():
+                for name, tensor in part.items():
+                    part[name] = tensor.index_select(0, index)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Teacher-forced pass: source ids (B, S) and decoder input ids (B, T) -> logits (B, T, tgt_vocab)."""

@@ -39,14 +39,33 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, d_model)
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = False
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: dict[str, Tensor] | None = None,
+        static_kv: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from query (B, T_q, d_model) to key/value (B, T_k, d_model); returns (output, weights or None)."""
+        """Attend from query (B, T_q, d_model) to key/value (B, T_k, d_model); returns (output, weights or None).
+
+        cache (chapter 8) keeps projected keys and values between decoding steps: new ones are appended to it, or,
+        with static_kv (cross-attention, whose keys never change), computed once and reused.
+        """
         if query.size(-1) != self.d_model:
             raise ValueError(f"query must have last dimension d_model={self.d_model}, got shape {tuple(query.shape)}")
         q = self.split_heads(self.w_q(query))  # (B, h, T_q, d_k)
-        k = self.split_heads(self.w_k(key))  # (B, h, T_k, d_k)
-        v = self.split_heads(self.w_v(value))  # (B, h, T_k, d_k)
+        if cache is not None and static_kv and "k" in cache:
+            k, v = cache["k"], cache["v"]  # (B, h, T_k, d_k), projected at the first step
+        else:
+            k = self.split_heads(self.w_k(key))  # (B, h, T_k, d_k)
+            v = self.split_heads(self.w_v(value))  # (B, h, T_k, d_k)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)  # (B, h, T_past + T_k, d_k)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
         dropout_p = self.dropout_p if self.training else 0.0
         if need_weights or not self.fused:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, h, T_q, d_k)

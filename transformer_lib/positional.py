@@ -41,9 +41,10 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)  # (max_len, d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        check_length(x.size(1), self.max_len)
-        return self.dropout(x + self.pe[: x.size(1)])  # (B, T, d_model)
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """Add the encodings of positions start .. start + T - 1 to x (B, T, d_model)."""
+        check_length(start + x.size(1), self.max_len)
+        return self.dropout(x + self.pe[start : start + x.size(1)])  # (B, T, d_model)
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -56,7 +57,8 @@ class LearnedPositionalEncoding(nn.Module):
         nn.init.normal_(self.table.weight, mean=0.0, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        check_length(x.size(1), self.max_len)
-        positions = torch.arange(x.size(1), device=x.device)  # (T,)
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """Add the vectors of positions start .. start + T - 1 to x (B, T, d_model)."""
+        check_length(start + x.size(1), self.max_len)
+        positions = torch.arange(start, start + x.size(1), device=x.device)  # (T,)
         return self.dropout(x + self.table(positions))  # (B, T, d_model)
