@@ -30,7 +30,7 @@ if "google.colab" in sys.modules:
     import subprocess
 
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "transformer-lib[colab] @ git+{url}@{branch}"],
+        [sys.executable, "-m", "pip", "install", "--quiet", "transformer-lib @ git+{url}@{branch}"],
         check=True,
     )'''
 

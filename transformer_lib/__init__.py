@@ -1,7 +1,8 @@
 """transformer_lib: the encoder-decoder Transformer built piece by piece in the book "Transformer, Piece by Piece".
 
-The modules named after chapters (embedding, positional, attention, masks, multihead, model) are generated from
-the book's notebooks by tools/export.py; runtime and checks are written by hand.
+The modules named after chapters (embedding, positional, attention, masks, multihead, model, training, translation,
+attention_maps) are generated from the book's notebooks by tools/export.py; runtime, checks and cli (the command
+line, `python -m transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
@@ -31,38 +32,70 @@ from transformer_lib.model import (
 from transformer_lib.multihead import MultiHeadAttention
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from transformer_lib.runtime import get_device, is_smoke, smoke_or
+from transformer_lib.training import (
+    TrainState,
+    greedy_decode,
+    load_checkpoint,
+    make_optimizer,
+    noam_lr,
+    save_checkpoint,
+    train,
+    translation_loss,
+)
+from transformer_lib.translation import (
+    beam_search,
+    corpus_scores,
+    load_pairs,
+    load_translator,
+    train_translator,
+    translate,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "SPECIAL_TOKENS",
-    "UNK_ID",
     "Decoder",
     "DecoderLayer",
+    "EOS_ID",
     "Encoder",
     "EncoderLayer",
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
+    "PAD_ID",
     "PositionwiseFeedForward",
+    "SPECIAL_TOKENS",
     "SinusoidalPositionalEncoding",
     "SublayerConnection",
     "TokenEmbedding",
+    "TrainState",
     "Transformer",
     "TransformerConfig",
+    "UNK_ID",
+    "beam_search",
     "causal_mask",
     "check_mask",
     "check_token_ids",
+    "corpus_scores",
     "count_parameters",
     "get_device",
+    "greedy_decode",
     "is_smoke",
+    "load_checkpoint",
+    "load_pairs",
+    "load_translator",
+    "make_optimizer",
+    "noam_lr",
     "pad_batch",
     "padding_mask",
+    "save_checkpoint",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
     "smoke_or",
     "target_mask",
+    "train",
     "train_bpe_tokenizer",
+    "train_translator",
+    "translate",
+    "translation_loss",
 ]

@@ -1,0 +1,158 @@
+import math
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib.training import (
+    TrainState,
+    greedy_decode,
+    load_checkpoint,
+    make_optimizer,
+    noam_lr,
+    resume_training,
+    save_checkpoint,
+    teacher_forcing_pair,
+    train,
+    translation_loss,
+)
+
+CFG = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32)
+
+
+def test_teacher_forcing_shifts_by_one():
+    tgt = torch.tensor([[1, 7, 8, 2], [1, 9, 2, 0]])
+    decoder_input, labels = teacher_forcing_pair(tgt)
+    assert decoder_input.tolist() == [[1, 7, 8], [1, 9, 2]]
+    assert labels.tolist() == [[7, 8, 2], [9, 2, 0]]  # position t predicts the token after it
+    with pytest.raises(ValueError, match=r"length >= 2.*\(2, 1\)"):
+        teacher_forcing_pair(torch.ones(2, 1, dtype=torch.long))
+
+
+def test_label_smoothing_loss_matches_a_hand_computation():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 5)
+    labels = torch.tensor([[1, 4, 0], [2, 0, 0]])  # 0 is padding
+    eps, vocab = 0.1, 5
+    total, count = 0.0, 0
+    for b in range(2):
+        for t in range(3):
+            if labels[b, t] == 0:
+                continue
+            log_p = torch.log_softmax(logits[b, t], -1)
+            target = torch.full((vocab,), eps / vocab)  # torch spreads eps over every class, the true one included
+            target[labels[b, t]] += 1 - eps
+            total += -(target * log_p).sum().item()
+            count += 1
+    assert translation_loss(logits, labels, pad_id=0, label_smoothing=eps).item() == pytest.approx(total / count, rel=1e-6)
+
+
+def test_padding_does_not_change_the_loss():
+    logits = torch.randn(1, 4, 6)
+    labels = torch.tensor([[3, 4, 0, 0]])
+    changed = logits.clone()
+    changed[0, 2:] = torch.randn(2, 6) * 10  # whatever the model says at padded positions
+    assert translation_loss(logits, labels, 0).item() == pytest.approx(translation_loss(changed, labels, 0).item())
+
+
+def test_schedule_follows_equation_3():
+    d_model, warmup = 512, 4000
+    assert noam_lr(1, d_model, warmup) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_lr(warmup, d_model, warmup) == pytest.approx(512**-0.5 * 4000**-0.5)  # the peak
+    assert noam_lr(16000, d_model, warmup) == pytest.approx(512**-0.5 * 16000**-0.5)
+    values = [noam_lr(s, d_model, warmup) for s in range(1, 20000, 50)]
+    peak = max(range(len(values)), key=values.__getitem__)
+    assert all(a < b for a, b in zip(values[:peak], values[1 : peak + 1]))
+    assert all(a > b for a, b in zip(values[peak + 1 :], values[peak + 2 :]))
+    with pytest.raises(ValueError, match="step must be >= 1, got 0"):
+        noam_lr(0, d_model, warmup)
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = make_optimizer(model, d_model, warmup)
+    lrs = []
+    for _ in range(3):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([noam_lr(s, d_model, warmup) for s in (1, 2, 3)])
+
+
+def copy_batches(epoch: int):
+    """A deterministic toy task: copy the source. Different batches each epoch, the same for the same epoch."""
+    generator = torch.Generator().manual_seed(1000 + epoch)
+    batches = []
+    for _ in range(4):
+        body = torch.randint(4, 20, (32, 6), generator=generator)
+        src = body
+        tgt = torch.cat([torch.full((32, 1), tl.BOS_ID), body, torch.full((32, 1), tl.EOS_ID)], dim=1)
+        batches.append((src, tgt))
+    return batches
+
+
+def fresh(seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=dropout))
+    optimizer, scheduler = make_optimizer(model, 32, warmup=50, factor=0.25)  # peak learning rate 8.8e-3
+    return model, optimizer, scheduler
+
+
+def test_resume_continues_the_same_trajectory(tmp_path):
+    model, optimizer, scheduler = fresh()
+    straight = train(model, copy_batches, optimizer, scheduler, max_steps=10, log_every=1, progress=False)
+
+    model, optimizer, scheduler = fresh()
+    path = tmp_path / "checkpoint.pt"
+    half = train(model, copy_batches, optimizer, scheduler, max_steps=5, log_every=1, progress=False,
+                 checkpoint_path=path)
+    assert half.step == 5 and half.epoch == 1 and half.batch_in_epoch == 1
+    torch.manual_seed(123)  # disturb the RNG: resuming must restore it
+    model, optimizer, scheduler = fresh(seed=7)  # and different initial weights, which the checkpoint replaces
+    state = resume_training(load_checkpoint(path), model, optimizer, scheduler)
+    resumed = train(model, copy_batches, optimizer, scheduler, max_steps=10, state=state, log_every=1, progress=False)
+    assert resumed.history == straight.history  # identical losses, step by step, dropout included
+    reference, optimizer, scheduler = fresh()
+    train(reference, copy_batches, optimizer, scheduler, max_steps=10, progress=False)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nothing.pt' does not exist"):
+        load_checkpoint(tmp_path / "nothing.pt")
+
+
+def test_toy_model_learns_to_copy_and_greedy_decoding_is_right():
+    model, optimizer, scheduler = fresh(dropout=0.0)
+    state = train(model, copy_batches, optimizer, scheduler, max_steps=320, log_every=40, progress=False,
+                  label_smoothing=0.0)
+    assert state.history[-1][1] < 0.25 * state.history[0][1]
+    src = copy_batches(99)[0][0]
+    out = greedy_decode(model, src, max_len=10, bos_id=tl.BOS_ID, eos_id=tl.EOS_ID)
+    assert (out[:, :6] == src).float().mean().item() > 0.9
+    assert (out[:, 6] == tl.EOS_ID).float().mean().item() > 0.9
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_and_uncached_decoding_agree(norm_first):
+    torch.manual_seed(0)
+    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.0, norm_first=norm_first)).eval()
+    src = torch.randint(4, 20, (5, 9))
+    src[1, 6:] = 0
+    tgt = torch.randint(4, 20, (5, 7))
+    src_mask = tl.padding_mask(src, 0)
+    memory = model.encode(src, src_mask)
+    full = model.decode(tgt, memory, src_mask)
+    cache = model.init_cache()
+    steps = torch.cat([model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(7)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    cached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=True)
+    uncached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_greedy_decoding_runs_in_eval_mode():
+    model, *_ = fresh()
+    model.train()
+    src = torch.randint(4, 20, (2, 5))
+    first = greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID)
+    assert not model.training
+    assert torch.equal(first, greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID))  # no dropout noise

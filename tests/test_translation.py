@@ -1,0 +1,194 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib import translation as tr
+from transformer_lib.training import greedy_decode
+
+DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def write_multi30k(folder: Path, rows: list[dict]) -> Path:
+    (folder / "multi30k").mkdir(parents=True)
+    for split in tr.SPLITS:
+        with open(folder / "multi30k" / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return folder
+
+
+def test_local_multi30k_folder_in_either_direction(tmp_path, monkeypatch):
+    rows = [{"en": "A dog runs.", "de": "Ein Hund läuft."}, {"en": "Two cats.", "de": "Zwei Katzen."}]
+    monkeypatch.setenv(tr.DATA_ENV, str(write_multi30k(tmp_path, rows)))
+    assert tr.load_pairs("multi30k", "train", "de", "en") == [("Ein Hund läuft.", "A dog runs."), ("Zwei Katzen.", "Two cats.")]
+    assert tr.load_pairs("multi30k", "test", "en", "de")[0] == ("A dog runs.", "Ein Hund läuft.")
+
+
+def test_the_shared_offline_copy_has_every_split(monkeypatch):
+    if not (DATA / "multi30k" / "test.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    monkeypatch.setenv(tr.DATA_ENV, str(DATA))
+    sizes = {split: len(tr.load_pairs("multi30k", split)) for split in tr.SPLITS}
+    assert sizes == {"train": 29000, "validation": 1014, "test": 1000}
+
+
+def test_opus_books_schema_and_fixed_held_out_splits(monkeypatch):
+    import datasets
+
+    rows = [{"id": str(i), "translation": {"en": f"sentence {i}", "it": f"frase {i}"}} for i in range(2500)]
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.delenv(tr.DATA_ENV, raising=False)
+    splits = {split: tr.load_pairs("opus_books", split, "it", "en", config="en-it") for split in tr.SPLITS}
+    assert calls[0] == ("Helsinki-NLP/opus_books", "en-it", "train")
+    assert splits["test"][0][0].startswith("frase") and splits["test"][0][1].startswith("sentence")
+    assert [len(splits[s]) for s in tr.SPLITS] == [500, 1000, 1000]
+    every = sorted(pair for split in splits.values() for pair in split)
+    assert every == sorted((r["translation"]["it"], r["translation"]["en"]) for r in rows)  # disjoint and complete
+    assert splits == {split: tr.load_pairs("opus_books", split, "it", "en", config="en-it") for split in tr.SPLITS}
+
+
+def test_multi30k_hub_id_and_columns(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list([{"en": "Hello.", "de": "Hallo."}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.delenv(tr.DATA_ENV, raising=False)
+    assert tr.load_pairs("multi30k", "validation", "en", "de") == [("Hello.", "Hallo.")]
+    assert calls == [("bentrevett/multi30k", None, "validation")]
+    with pytest.raises(ValueError, match=r"language 'fr' is not a column.*\['en', 'de'\]"):
+        tr.load_pairs("multi30k", "validation", "fr", "en")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(corpus="wmt14"), "corpus must be one of"),
+        (dict(split="dev"), "split must be one of"),
+        (dict(src_lang="en", tgt_lang="en"), "must differ"),
+        (dict(corpus="opus_books"), "opus_books needs config"),
+    ],
+)
+def test_bad_loader_arguments(kwargs, message, monkeypatch):
+    monkeypatch.delenv(tr.DATA_ENV, raising=False)
+    with pytest.raises(ValueError, match=message):
+        tr.load_pairs(**kwargs)
+
+
+def test_a_folder_without_the_split_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"multi30k/train.jsonl"):
+        tr.load_pairs()
+
+
+def test_unreachable_hub_says_both_ways_to_fix_it(tmp_path):
+    code = "from transformer_lib.translation import load_pairs; load_pairs('multi30k', 'test')"
+    env = {k: v for k, v in os.environ.items() if k != tr.DATA_ENV}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "could not load 'bentrevett/multi30k'" in result.stderr
+    assert "connect to the internet" in result.stderr and "TRANSFORMER_LIB_DATA" in result.stderr
+
+
+def test_every_pair_lands_in_exactly_one_batch_and_nothing_is_cut():
+    torch.manual_seed(0)
+    encoded = [([1] + [5] * int(n) + [2], [1] + [6] * int(m) + [2]) for n, m in torch.randint(1, 30, (500, 2))]
+    for seed in (None, 0, 1):
+        batches = tr.token_budget_batches(encoded, max_tokens=256, seed=seed)
+        seen = []
+        for src, tgt in batches:
+            assert src.numel() <= 256 and tgt.numel() <= 256
+            for row_src, row_tgt in zip(src.tolist(), tgt.tolist()):
+                seen.append((tuple(x for x in row_src if x != tl.PAD_ID), tuple(x for x in row_tgt if x != tl.PAD_ID)))
+        assert sorted(seen) == sorted((tuple(s), tuple(t)) for s, t in encoded)
+    assert [b[0].tolist() for b in tr.token_budget_batches(encoded, 256, seed=3)] == [
+        b[0].tolist() for b in tr.token_budget_batches(encoded, 256, seed=3)
+    ]
+    with pytest.raises(ValueError, match="more than max_tokens=10"):
+        tr.token_budget_batches(encoded, max_tokens=10)
+
+
+def test_too_long_pairs_are_counted_not_cut():
+    tokenizer = tl.train_bpe_tokenizer(["a b c d e f g h"] * 5, vocab_size=30, min_frequency=1)
+    pairs = [("a b", "c d"), ("a b c d e f g h a b c d", "e"), ("f", "g h")]
+    kept, too_long = tr.encode_pairs(pairs, tokenizer, max_len=8)
+    assert too_long == 1 and len(kept) == 2
+    assert all(src[0] == tl.BOS_ID and src[-1] == tl.EOS_ID for src, _ in kept)
+
+
+def small_model():
+    torch.manual_seed(0)
+    cfg = tl.TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                               dropout=0.0, max_len=40)
+    return tl.Transformer(cfg).eval()
+
+
+def test_beam_size_one_equals_greedy_and_cache_changes_nothing():
+    model = small_model()
+    src = torch.randint(4, 30, (6, 9))
+    src[2, 5:] = tl.PAD_ID
+    greedy = greedy_decode(model, src, 15, tl.BOS_ID, tl.EOS_ID)
+    beam1 = tr.beam_search(model, src, beam_size=1, max_len=15)
+    assert torch.equal(beam1, greedy[:, : beam1.size(1)])
+    for k in (2, 4):
+        assert torch.equal(tr.beam_search(model, src, k, 15), tr.beam_search(model, src, k, 15, use_cache=False))
+
+
+def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
+    model = small_model()
+    src = torch.randint(4, 30, (8, 7))
+
+    def log_prob(out):
+        tgt = torch.cat([torch.full((out.size(0), 1), tl.BOS_ID), out], dim=1)
+        logits = model(src, tgt[:, :-1]).log_softmax(-1)
+        token_lp = logits.gather(-1, tgt[:, 1:, None])[..., 0]
+        return token_lp.masked_fill(tgt[:, 1:] == tl.PAD_ID, 0).sum(-1)
+
+    greedy = tr.beam_search(model, src, 1, 12, alpha=0.0)
+    beam = tr.beam_search(model, src, 5, 12, alpha=0.0)
+    assert (log_prob(beam) >= log_prob(greedy) - 1e-4).all()
+
+
+def test_scores_use_sacrebleu_with_signatures_and_refuse_tiny_sets():
+    hyps = [f"a small dog runs on the grass number {i}" for i in range(120)]
+    scores = tr.corpus_scores(hyps, hyps)
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    with pytest.raises(ValueError, match="BLEU on 2 sentences is noise"):
+        tr.corpus_scores(hyps[:2], hyps[:2])
+    with pytest.raises(ValueError, match="120 hypotheses but 119 references"):
+        tr.corpus_scores(hyps, hyps[:-1])
+
+
+def test_tiny_end_to_end_run_on_offline_multi30k(tmp_path, monkeypatch):
+    if not (DATA / "multi30k" / "train.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    monkeypatch.setenv(tr.DATA_ENV, str(DATA))
+    summary = tr.train_translator(tmp_path, preset="tiny", train_limit=2000, max_steps=120, progress=False)
+    losses = [loss for _, loss in summary["history"]]
+    assert losses[-1] < 0.75 * losses[0], losses
+    assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "tokenizer.json").is_file()
+    model, tokenizer = tr.load_translator(tmp_path)
+    assert not model.training
+    pairs = tr.load_pairs("multi30k", "test")
+    hyps = tr.translate(model, tokenizer, [s for s, _ in pairs[:150]], beam_size=1)
+    scores = tr.corpus_scores(hyps, [t for _, t in pairs[:150]])
+    assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 150
+    assert all(isinstance(h, str) for h in hyps)
