@@ -1,0 +1,109 @@
+"""Open the built book in headless Chromium, as a reader would, and check every page (run after the build).
+
+Skipped, with the reason, where Chromium or the built book is missing; .ci/run installs Debian's chromium, builds the
+book, then runs this file. Screenshots of every page land in book/_build/screenshots for review.
+"""
+
+import mimetypes
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "book" / "_build" / "html"
+SHOTS = ROOT / "book" / "_build" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+# A folder holding MathJax 3 (its es5/ bundle, e.g. from `npm pack mathjax@3`): served in place of the CDN copy the
+# pages load, so that the maths can be checked on a machine without internet. Without it the CDN is used.
+MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
+CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
+
+sys.path.insert(0, str(ROOT / "tools"))
+import colab  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
+    pytest.mark.skipif(not (HTML / "intro.html").is_file(), reason="the book is not built: run `jupyter-book build book`"),
+]
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
+
+
+def pages() -> list[str]:
+    toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
+    return [toc["root"]] + [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"],
+        )
+        yield browser
+        browser.close()
+
+
+def serve_mathjax(route):
+    path = Path(MATHJAX) / route.request.url[len(CDN) :].split("?")[0]
+    if path.is_file():
+        route.fulfill(path=str(path), content_type=mimetypes.guess_type(path.name)[0] or "application/javascript")
+    else:
+        route.abort()
+
+
+@pytest.mark.parametrize("name", pages())
+def test_page_as_a_reader_sees_it(browser, name):
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    if MATHJAX:
+        page.route("http*://**", lambda route: route.abort())  # no internet here: fail fast, never hang
+        page.route(CDN + "**", serve_mathjax)  # registered last, so it is tried first
+    response = page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
+    assert response is None or response.ok
+    assert "Transformer, Piece by Piece" in page.title()
+
+    if page.locator(".math").count():
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
+        assert page.locator("mjx-merror").count() == 0, "MathJax could not typeset some maths"
+        assert page.locator("mjx-container").count() >= page.locator("span.math, div.math").count()
+
+    sizes = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.src, i.complete, i.naturalWidth, i.naturalHeight])")
+    for src, complete, width, height in sizes:
+        assert complete and width > 0 and height > 0, f"image {src} did not load"
+
+    url, branch = colab.repository()
+    repo_path = url.split("github.com/", 1)[1]
+    assert page.locator(f'a[href="{url}"]').count() >= 1, "no repository button"
+    if (ROOT / "book" / f"{name}.ipynb").exists():
+        colab_link = f"colab.research.google.com/github/{repo_path}/blob/{branch}/book/{name}.ipynb"
+        assert page.locator(f'a[href*="{colab_link}"]').count() >= 1, "no Colab launch button for this notebook"
+        figures = [s for s in sizes if "_images/" in s[0]]
+        notebook = (ROOT / "book" / f"{name}.ipynb").read_text(encoding="utf-8")
+        executed = name not in {"08_translation", "09_attention_heatmaps"} or '"image/png"' in notebook
+        if executed and "plt.show()" in notebook:
+            assert figures, "the chapter draws figures but the page shows none"
+
+    dropdowns = page.locator(".solution.dropdown")
+    if dropdowns.count():
+        first = dropdowns.first
+        body = first.locator(":scope > *:not(.admonition-title)").first
+        first.scroll_into_view_if_needed()
+        assert not body.is_visible(), "a solution is open before the reader asks for it"
+        first.locator("button.toggle-button").click()
+        body.wait_for(state="visible", timeout=5_000)
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+    # sphinx-thebe 0.3 writes its one-line settings script twice into every page; the second copy fails to
+    # redeclare a constant. The book does not use Thebe (no live kernels), so that error alone is tolerated.
+    errors = [e for e in errors if "'THEBE_JS_URL' has already been declared" not in e]
+    assert not errors, f"JavaScript errors: {errors}"
+    page.close()
