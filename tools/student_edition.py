@@ -1,7 +1,7 @@
 """Make the student edition of the book: the same repository with every solution removed (DESIGN.md, decision 10).
 
     python tools/student_edition.py --out DIR [--branch student] [--build]
-                                   [--force] [--include-untracked] [--repo PATH]
+                                   [--url URL] [--clear-all-outputs] [--force] [--include-untracked] [--repo PATH]
 
 1. Copies the repository's tracked files (`git ls-files`, as they are in the working tree) into DIR; with
    --include-untracked also the files git neither tracks nor ignores. Build outputs and .venv are never copied.
@@ -14,11 +14,15 @@
    - replaces each nbgrader region (`### BEGIN SOLUTION` ... `### END SOLUTION`) of a code cell by
      `raise NotImplementedError("Exercise: write your solution here")`, indented like the markers, and tags the
      cell `raises-exception` so that the book still builds;
-   - clears every output and execution count;
+   - clears every output and execution count, except in the notebooks that the build does not execute
+     (execute.exclude_patterns: the GPU chapters, whose stored outputs come from a real GPU run, DESIGN.md
+     decision 6); there only the outputs of removed cells and of stubbed cells go. --clear-all-outputs clears
+     those too;
    - points the Colab install cell at the branch given by --branch (tools/colab.py).
-3. Sets repository.branch in DIR/book/_config.yml to that branch, so that the launch buttons open the student
-   notebooks, adds a banner to DIR/book/intro.md, and leaves out of DIR/book/_toc.yml any page whose file is not
-   in DIR (a chapter that is listed but not yet committed).
+3. Sets repository.branch in DIR/book/_config.yml to that branch (and repository.url to --url, when the edition
+   is published in another repository), so that the launch buttons open the student notebooks; adds a banner to
+   DIR/book/intro.md; leaves out of DIR/book/_toc.yml any page whose file is not in DIR (a chapter that is listed
+   but not yet committed).
 4. With --build, runs `jupyter-book build -W -n --keep-going DIR/book` and exits with its status.
 
 It refuses, naming the notebook and the cell, a `{solution-start}` without its `{solution-end}` (or the reverse),
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import fnmatch
 import json
 import re
 import shutil
@@ -72,6 +77,7 @@ class Removed:
     block_cells: int = 0  # untagged cells dropped because they lay inside such a region
     nbgrader_regions: int = 0  # nbgrader regions turned into stubs
     outputs_cleared: int = 0  # code cells that had outputs or an execution count
+    outputs_kept: int = 0  # code cells whose stored outputs stay (a notebook the build does not execute)
     kept: list[int] = field(default_factory=list)  # the original indices of the cells that stay
     warnings: list[str] = field(default_factory=list)  # later cells that need a removed solution
 
@@ -80,6 +86,8 @@ class Removed:
             f"{self.solution_cells} solution cells, {self.directives} solution directives, "
             f"{self.blocks} solution-start/end blocks ({self.block_cells} more cells), "
             f"{self.nbgrader_regions} nbgrader regions stubbed, outputs cleared in {self.outputs_cleared} cells"
+            + (f", stored outputs kept in {self.outputs_kept} cells (not executed at build time)"
+               if self.outputs_kept else "")
         )
 
 
@@ -147,12 +155,16 @@ def _stub_nbgrader(source: str, where: str) -> tuple[str, int]:
     for number, line in enumerate(lines, start=1):
         if _BEGIN.match(line):
             if begin is not None:
-                raise SolutionMarkupError(f"{where}: `BEGIN SOLUTION` on line {number} inside the region opened on line {begin}")
+                raise SolutionMarkupError(
+                    f"{where}: `BEGIN SOLUTION` on line {number} inside the region opened on line {begin}"
+                )
             begin = number
             out.append(_BEGIN.match(line)["indent"] + NBGRADER_STUB + "\n")
         elif _END.match(line):
             if begin is None:
-                raise SolutionMarkupError(f"{where}: `END SOLUTION` on line {number} without a `BEGIN SOLUTION` before it")
+                raise SolutionMarkupError(
+                    f"{where}: `END SOLUTION` on line {number} without a `BEGIN SOLUTION` before it"
+                )
             begin = None
             count += 1
         elif begin is None:
@@ -165,8 +177,12 @@ def _stub_nbgrader(source: str, where: str) -> tuple[str, int]:
     return (text[:-1] if not source.endswith("\n") and text.endswith("\n") else text), count
 
 
-def strip_notebook(notebook: dict, name: str = "notebook") -> Removed:
-    """Remove every solution from a notebook (a dict in nbformat 4), in place; return what was removed."""
+def strip_notebook(notebook: dict, name: str = "notebook", clear_outputs: bool = True) -> Removed:
+    """Remove every solution from a notebook (a dict in nbformat 4), in place; return what was removed.
+
+    clear_outputs=False keeps the stored outputs of the cells that stay unchanged (a notebook the build does not
+    execute); the outputs of a cell whose nbgrader regions were stubbed are cleared all the same.
+    """
     removed = Removed()
     kept: list[dict] = []
     open_block: int | None = None  # the index of the cell whose `{solution-start}` is still open
@@ -208,13 +224,18 @@ def strip_notebook(notebook: dict, name: str = "notebook") -> Removed:
                 tags = cell.setdefault("metadata", {}).setdefault("tags", [])
                 if STUB_TAG not in tags:
                     tags.append(STUB_TAG)
-            if cell.get("outputs") or cell.get("execution_count") is not None:
-                removed.outputs_cleared += 1
-            cell["outputs"], cell["execution_count"] = [], None
+            if clear_outputs or regions:
+                if cell.get("outputs") or cell.get("execution_count") is not None:
+                    removed.outputs_cleared += 1
+                cell["outputs"], cell["execution_count"] = [], None
+            else:
+                removed.outputs_kept += bool(cell.get("outputs"))
         kept.append(cell)
         removed.kept.append(index)
     if open_block is not None:
-        raise SolutionMarkupError(f"{name}, cell {open_block}: the {{solution-start}} marker has no {{solution-end}} after it")
+        raise SolutionMarkupError(
+            f"{name}, cell {open_block}: the {{solution-start}} marker has no {{solution-end}} after it"
+        )
     notebook["cells"] = kept
     return removed
 
@@ -282,10 +303,17 @@ def _used(tree: ast.Module) -> set[str]:
 
 
 def missing_definitions(original: dict, kept: list[int], name: str) -> list[str]:
-    """Kept cells (by original index) that use a name which, before them, only a removed code cell defined."""
+    """Kept cells (by original index) that need what only a removed cell defined.
+
+    Two cases: a name that, before the cell, only a removed cell (a solution) defined; and a name whose last
+    definition left before the cell is an exercise stub (a cell tagged raises-exception), which a removed solution
+    cell redefined in the full edition. The first fails with a NameError, the second with NotImplementedError.
+    """
     kept_indices = set(kept)
     defined_by_kept: set[str] = set(dir(builtins)) | {"display", "get_ipython"}
     defined_by_removed: dict[str, int] = {}
+    stubbed: dict[str, int] = {}  # name -> the stub cell that is its last definition left
+    replaced: dict[str, int] = {}  # name -> the removed cell that redefined a stubbed name
     found = []
     for index, cell in enumerate(original["cells"]):
         if cell["cell_type"] != "code":
@@ -293,18 +321,32 @@ def missing_definitions(original: dict, kept: list[int], name: str) -> list[str]
         tree = _parse(_source(cell))
         if tree is None:
             continue
+        defined = _defined(tree)
         if index not in kept_indices:
-            for defined in _defined(tree):
-                defined_by_removed.setdefault(defined, index)
+            for each in defined:
+                defined_by_removed.setdefault(each, index)
+                if each in stubbed:
+                    replaced.setdefault(each, index)
             continue
-        if STUB_TAG not in _tags(cell):
-            for used in sorted(_used(tree) - defined_by_kept - _defined(tree)):
-                if used in defined_by_removed:
+        if STUB_TAG in _tags(cell):
+            stubbed.update(dict.fromkeys(defined, index))
+            for each in defined:
+                replaced.pop(each, None)
+        else:
+            for used in sorted(_used(tree) - defined):
+                if used not in defined_by_kept and used in defined_by_removed:
                     found.append(
-                        f"{name}, cell {index}: uses `{used}`, which only the removed solution cell "
+                        f"{name}, cell {index}: uses `{used}`, which only the removed cell "
                         f"{defined_by_removed[used]} defines"
                     )
-        defined_by_kept |= _defined(tree)
+                elif used in stubbed and used in replaced:
+                    found.append(
+                        f"{name}, cell {index}: uses `{used}`, which the student edition defines only as the "
+                        f"exercise stub of cell {stubbed[used]} (the removed cell {replaced[used]} replaced it)"
+                    )
+            for each in defined:
+                stubbed.pop(each, None)
+        defined_by_kept |= defined
     return found
 
 
@@ -327,27 +369,29 @@ def _git_files(root: Path, *options: str) -> list[str]:
     return [name for name in listing.decode("utf-8").split("\0") if name and (root / name).is_file()]
 
 
-def set_branch(config_path: Path, branch: str) -> None:
-    """Set repository.branch in a _config.yml, keeping its comments and layout."""
+def set_repository(config_path: Path, **values: str) -> None:
+    """Set keys of the `repository:` section of a _config.yml (branch, url), keeping its comments and layout."""
     lines = config_path.read_text(encoding="utf-8").splitlines(keepends=True)
     try:
         start = next(i for i, line in enumerate(lines) if re.match(r"^repository:\s*(#.*)?$", line))
     except StopIteration:
         raise ValueError(f"{config_path} has no top-level `repository:` section") from None
-    end = start + 1
-    while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
-        end += 1
-    for i in range(start + 1, end):
-        match = re.match(r"^(\s+)branch:", lines[i])
-        if match:
-            lines[i] = f"{match[1]}branch: {branch}\n"
-            break
-    else:
-        indent = next((re.match(r"^(\s+)\S", lines[i])[1] for i in range(start + 1, end) if lines[i].strip()), "  ")
-        lines.insert(start + 1, f"{indent}branch: {branch}\n")
+    for key, value in values.items():
+        end = start + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
+            end += 1
+        for i in range(start + 1, end):
+            match = re.match(rf"^(\s+){key}:", lines[i])
+            if match:
+                lines[i] = f"{match[1]}{key}: {value}\n"
+                break
+        else:
+            indent = next((re.match(r"^(\s+)\S", lines[i])[1] for i in range(start + 1, end) if lines[i].strip()), "  ")
+            lines.insert(start + 1, f"{indent}{key}: {value}\n")
+    repository = yaml.safe_load("".join(lines)).get("repository") or {}
+    if any(str(repository.get(key)) != value for key, value in values.items()):
+        raise ValueError(f"could not set {values} in the repository section of {config_path}")
     config_path.write_text("".join(lines), encoding="utf-8")
-    if (yaml.safe_load("".join(lines)).get("repository") or {}).get("branch") != branch:
-        raise ValueError(f"could not set repository.branch in {config_path}")
 
 
 def add_banner(intro: Path, url: str, full_branch: str, branch: str) -> None:
@@ -403,13 +447,33 @@ def prune_toc(toc_path: Path) -> list[str]:
     return missing
 
 
+def executed_at_build(book: Path, path: Path) -> bool:
+    """Whether `jupyter-book build` executes this notebook (execute_notebooks and execute.exclude_patterns)."""
+    config = yaml.safe_load((book / "_config.yml").read_text(encoding="utf-8")) or {}
+    execute = config.get("execute") or {}
+    if execute.get("execute_notebooks", "auto") in ("off", False):
+        return False
+    relative = path.relative_to(book).as_posix()
+    return not any(
+        fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(path.name, pattern)
+        for pattern in execute.get("exclude_patterns") or []
+    )
+
+
 def make_edition(
-    out: Path, branch: str = "student", root: Path = ROOT, force: bool = False, include_untracked: bool = False
+    out: Path,
+    branch: str = "student",
+    root: Path = ROOT,
+    force: bool = False,
+    include_untracked: bool = False,
+    url: str | None = None,
+    clear_all_outputs: bool = False,
 ) -> dict[str, Removed]:
     """Write the student edition of the repository at root into out; return what was removed, per notebook.
 
     Copies the tracked files as they are in the working tree, and with include_untracked also the files that git
     neither tracks nor ignores (what `git add -A` would add); build outputs and environments are never copied.
+    url, when given, replaces repository.url: the edition is published in another repository.
     """
     out, root = out.resolve(), root.resolve()
     if out == root or out in root.parents or root in out.parents:
@@ -422,7 +486,7 @@ def make_edition(
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
-    url, full_branch = colab.repository(root / "book" / "_config.yml")
+    full_url, full_branch = colab.repository(root / "book" / "_config.yml")
     untracked = untracked_files(root)
     for name in tracked_files(root) + (untracked if include_untracked else []):
         target = out / name
@@ -432,22 +496,25 @@ def make_edition(
         if include_untracked:
             print(f"note: {name} is not tracked by git; copied because of --include-untracked")
         elif name.startswith("book/"):
-            print(f"note: {name} is not tracked by git, so it is not in the edition (git add it, or --include-untracked)")
+            print(f"note: {name} is not tracked by git, so it is not in the edition (git add it, or "
+                  "--include-untracked)")
 
     book = out / "book"
     report: dict[str, Removed] = {}
     for path in sorted(book.glob("*.ipynb")):
         original = json.loads(path.read_text(encoding="utf-8"))
         notebook = json.loads(json.dumps(original))
-        removed = strip_notebook(notebook, f"book/{path.name}")
+        clear = clear_all_outputs or executed_at_build(book, path)
+        removed = strip_notebook(notebook, f"book/{path.name}", clear_outputs=clear)
         removed.warnings = missing_definitions(original, removed.kept, f"book/{path.name}")
         path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         report[path.name] = removed
 
-    set_branch(book / "_config.yml", branch)
+    set_repository(book / "_config.yml", branch=branch, **({"url": url.rstrip("/")} if url else {}))
+    url, branch = colab.repository(book / "_config.yml")
     for path in sorted(book.glob("*.ipynb")):
         colab.sync_notebook(path, url, branch)
-    add_banner(book / "intro.md", url, full_branch, branch)
+    add_banner(book / "intro.md", full_url, full_branch, branch)
     for name in prune_toc(book / "_toc.yml"):
         print(f"note: book/_toc.yml lists {name}, which is not in the edition; it is left out of its table of contents")
     return report
@@ -457,7 +524,8 @@ def build(out: Path) -> int:
     """Build the edition's book with warnings as errors; return jupyter-book's exit status."""
     # The jupyter-book of this Python's environment when there is one (the environment need not be activated).
     beside = Path(sys.executable).with_name("jupyter-book")
-    command = [str(beside) if beside.is_file() else "jupyter-book", "build", "-W", "-n", "--keep-going", str(out / "book")]
+    program = str(beside) if beside.is_file() else "jupyter-book"
+    command = [program, "build", "-W", "-n", "--keep-going", str(out / "book")]
     print("running:", " ".join(command), flush=True)
     return subprocess.run(command).returncode
 
@@ -465,17 +533,26 @@ def build(out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the folder to write the student edition into")
-    parser.add_argument("--branch", default="student", help="the branch the edition is published on (default: %(default)s)")
+    parser.add_argument(
+        "--branch", default="student", help="the branch the edition is published on (default: %(default)s)"
+    )
+    parser.add_argument("--url", help="publish in this repository instead of the one in book/_config.yml")
     parser.add_argument("--build", action="store_true", help="then build its book with jupyter-book build -W -n")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the repository to make it from (default: this one)")
     parser.add_argument(
-        "--include-untracked", action="store_true", help="also copy files git neither tracks nor ignores (not yet added)"
+        "--include-untracked", action="store_true",
+        help="also copy the files git neither tracks nor ignores (not yet added)",
+    )
+    parser.add_argument(
+        "--clear-all-outputs", action="store_true",
+        help="also clear the stored outputs of the notebooks the build does not execute (the GPU chapters)",
     )
     parser.add_argument("--force", action="store_true", help="replace the files of a non-empty --out (keeps its .git)")
     args = parser.parse_args(argv)
     try:
         report = make_edition(
-            args.out, args.branch, root=args.repo, force=args.force, include_untracked=args.include_untracked
+            args.out, args.branch, root=args.repo, force=args.force, include_untracked=args.include_untracked,
+            url=args.url, clear_all_outputs=args.clear_all_outputs,
         )
     except (SolutionMarkupError, FileExistsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
