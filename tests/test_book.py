@@ -16,6 +16,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import colab  # noqa: E402
 
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
+APPENDICES = sorted(BOOK.glob("appendix_*.ipynb"))  # after the chapters; they need no exercises
+NOTEBOOKS = CHAPTERS + APPENDICES
 # Chapters whose stored outputs come from a real GPU run (decision 6): excluded from build-time execution.
 GPU_CHAPTERS = {"08_translation.ipynb", "09_attention_heatmaps.ipynb"}
 
@@ -47,13 +49,14 @@ def test_part_one_is_complete_and_every_page_is_in_the_toc():
         "06_encoder_decoder",
     ]
     listed = toc_files()
-    for path in list(CHAPTERS) + sorted(BOOK.glob("*.md")):
+    assert sorted(BOOK.glob("*.ipynb")) == sorted(NOTEBOOKS), "a notebook is named neither NN_slug nor appendix_slug"
+    for path in NOTEBOOKS + sorted(BOOK.glob("*.md")):
         assert path.stem in listed, f"{path.name} is not in book/_toc.yml"
     for name in listed:
         assert (BOOK / f"{name}.ipynb").exists() or (BOOK / f"{name}.md").exists(), f"_toc.yml lists missing {name}"
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_stored_without_outputs_unless_from_a_recorded_gpu_run(path):
     notebook = load(path)
     stored = [i for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "code" and (c["outputs"] or c["execution_count"])]
@@ -71,7 +74,7 @@ def test_gpu_chapters_are_not_executed_at_build_time():
     assert set(config["execute"].get("exclude_patterns", [])) == GPU_CHAPTERS
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_colab_install_cell_and_gpu_metadata_follow_the_config(path):
     url, branch = colab.repository(BOOK / "_config.yml")
     assert colab.problems(load(path), url, branch) == []
