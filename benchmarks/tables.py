@@ -1,0 +1,80 @@
+"""Keep the performance appendix's tables equal to the benchmark reports in benchmarks/results/.
+
+    python benchmarks/tables.py          # rewrite every table block of book/appendix_performance.ipynb
+    python benchmarks/tables.py --check  # exit 1, naming the block, when a table differs from its report
+
+A block is a Markdown cell region between `<!-- benchmark-table: NAME.json -->` and `<!-- end benchmark-table -->`;
+it is replaced by the report's caption and tables, so every number there comes from a file the script wrote.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+APPENDIX = ROOT / "book" / "appendix_performance.ipynb"
+BLOCK = re.compile(r"(<!-- benchmark-table: (?P<name>[\w.-]+\.json) -->\n)(?P<body>.*?)(<!-- end benchmark-table -->)", re.S)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark import table  # noqa: E402
+
+
+def caption(report: dict, name: str) -> str:
+    """One sentence saying what ran where: model, precision, batch, device, threads, versions, date, load."""
+    env, settings = report["environment"], report["settings"]
+    batch, src_len, tgt_len = settings["shape"]
+    load = ""
+    if env.get("load_average_at_start") is not None:
+        load = (f"; load average {env['load_average_at_start']:.1f} at the start and "
+                f"{env.get('load_average_at_end', float('nan')):.1f} at the end")
+    return (f"*{settings['size'].capitalize()} model, {settings['dtype']}{', torch.compile' if settings['compile'] else ''}, "
+            f"batches of {batch} sentences of up to {src_len} source and {tgt_len} target tokens, "
+            f"{settings['repeats']} windows of {settings['steps']} steps per model; {env['device_name']}, "
+            f"{env['torch_threads']} threads, torch {env['torch']}, {env['date']}{load}. "
+            f"MFU against the measured {settings['dtype']} matrix-multiply rate of "
+            f"{report['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s. File: `benchmarks/results/{name}`.*")
+
+
+def render(name: str) -> str:
+    report = json.loads((RESULTS / name).read_text())
+    return f"{caption(report, name)}\n\n{table(report)}\n"
+
+
+def sync(check: bool) -> list[str]:
+    """Rewrite (or, with check, compare) every block; return the names of blocks that differ(ed)."""
+    notebook = json.loads(APPENDIX.read_text(encoding="utf-8"))
+    differing = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        source = "".join(cell["source"])
+
+        def replace(match: re.Match) -> str:
+            body = render(match["name"])
+            if match["body"] != body:
+                differing.append(match["name"])
+            return match.group(1) + body + match.group(4)
+
+        new = BLOCK.sub(replace, source)
+        cell["source"] = new.splitlines(keepends=True)
+    if differing and not check:
+        APPENDIX.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return differing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Keep the appendix's benchmark tables equal to benchmarks/results/.")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
+    args = parser.parse_args()
+    differing = sync(args.check)
+    if differing:
+        print(("differs from its report: " if args.check else "rewrote: ") + ", ".join(differing))
+    if args.check and differing:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
