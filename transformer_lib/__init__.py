@@ -1,8 +1,8 @@
 """transformer_lib: the encoder-decoder Transformer built piece by piece in the book "Transformer, Piece by Piece".
 
 The modules named after chapters (embedding, positional, attention, masks, multihead, model, training, translation,
-attention_maps) are generated from the book's notebooks by tools/export.py; runtime, checks and cli (the command
-line, `python -m transformer_lib`) are written by hand.
+attention_maps) are generated from the book's notebooks by tools/export.py; runtime, checks, distributed (training
+under torchrun) and cli (the command line, `python -m transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
