@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -41,3 +43,114 @@ def test_boolean_masks_name_the_first_wrong_entry():
     with pytest.raises(ExerciseCheckError, match=r"at index \(0, 1\): expected False, got True"):
         check_against(lambda n: torch.ones(n, n, dtype=torch.bool), lambda n: torch.ones(n, n, dtype=torch.bool).tril(),
                       [{"n": 3}], name="mask")
+
+
+def test_notes_name_the_case_and_must_match_the_cases():
+    with pytest.raises(ExerciseCheckError, match=r"case 2 of 2 \(a single row; x: shape \(1, 5\)\)"):
+        check_against(lambda x: x.softmax(-1) if x.size(0) == 2 else x, reference, CASES, name="softmax",
+                      notes=["", "a single row"])
+    with pytest.raises(ValueError, match="notes must hold one entry per case: got 1 notes for 2 cases"):
+        check_against(reference, reference, CASES, name="softmax", notes=["only one"])
+
+
+def test_mask_differences_are_said_in_words():
+    causal = lambda n: torch.ones(n, n, dtype=torch.bool).tril()[None, None]  # noqa: E731
+    with pytest.raises(ExerciseCheckError, match=r"\nIn words: your mask lets position 0 see position 1 "
+                                                 r"\(a later position\); your mask lets position 1 see position 2"):
+        check_against(lambda n: torch.ones(n, n, dtype=torch.bool).tril(1)[None, None], causal, [{"n": 3}],
+                      name="mask", masks=True)
+    with pytest.raises(ExerciseCheckError, match=r"your mask stops position 2 from seeing position 1 "
+                                                 r"\(an earlier position\)"):
+        check_against(lambda n: torch.eye(n, dtype=torch.bool)[None, None] | causal(n).triu(1).mT.triu(), causal,
+                      [{"n": 3}], name="mask", masks=True)
+    with pytest.raises(ExerciseCheckError, match=r"exact opposite of the reference: here True means 'may attend'"):
+        check_against(lambda n: ~causal(n), causal, [{"n": 3}], name="mask", masks=True)
+    padding = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    with pytest.raises(ExerciseCheckError, match=r"In words: in batch row 0: your mask lets every query see key "
+                                                 r"position 2; in batch row 1: your mask lets every query see key "
+                                                 r"position 1"):
+        check_against(lambda ids: torch.ones_like(ids, dtype=torch.bool)[:, None, None, :],
+                      lambda ids: (ids != 0)[:, None, None, :], [{"ids": padding}], name="mask", masks=True)
+
+
+def test_tuples_name_their_items_and_report_what_explains_the_first_difference():
+    def attention(q, k, dim=-1):
+        weights = (q @ k.mT).softmax(dim)
+        return weights @ k, weights
+
+    case = [{"q": torch.randn(2, 4, 3), "k": torch.randn(2, 4, 3)}]
+    with pytest.raises(ExerciseCheckError, match=r"item 0 \(output\): .*values differ.*\nIn item 1 \(weights\): "
+                                                 r"each row of the reference sums to 1 over the last dimension "
+                                                 r"\(dim=-1\); yours sum to 1 over dim=-2 instead"):
+        check_against(lambda q, k: attention(q, k, dim=-2), attention, case, name="attention",
+                      item_names=("output", "weights"))
+
+
+def test_constant_factors_and_shifts_are_named():
+    x = [{"x": torch.rand(3, 4) + 0.5}]
+    with pytest.raises(ExerciseCheckError, match=r"Every value you return is the expected one times 2\.828 "
+                                                 r"\(= sqrt\(8\)\)"):
+        check_against(lambda x: x * 8**0.5, lambda x: x, x, name="scale")
+    with pytest.raises(ExerciseCheckError, match=r"Every value you return is the expected one times 1\.443 "
+                                                 r"\(= 1/ln 2\)"):
+        check_against(lambda x: x / math.log(2), lambda x: x, x, name="bits")
+    with pytest.raises(ExerciseCheckError, match=r"Every value you return is the expected one plus -0\.01"):
+        check_against(lambda x: x - 0.01, lambda x: x, x, name="shift")
+
+
+def test_shapes_dtypes_and_non_tensors_get_advice():
+    one = [{"x": torch.randn(4)}]
+    with pytest.raises(ExerciseCheckError, match=r"expected shape \(4,\), got \(1, 4\)\nThe sizes other than 1 are "
+                                                 r"right, but you have 1 extra dimension of size 1"):
+        check_against(lambda x: x[None], lambda x: x, one, name="f")
+    with pytest.raises(ExerciseCheckError, match=r"got NoneType None\nYour function returned None: is the `return`"):
+        check_against(lambda x: None, lambda x: x, one, name="f")
+    with pytest.raises(ExerciseCheckError, match=r"got float .*\nReturn a tensor, not a Python number"):
+        check_against(lambda x: x.sum().item(), lambda x: x.sum(), one, name="f")
+    with pytest.raises(ExerciseCheckError, match=r"expected dtype torch\.bool, got torch\.float32\nA mask holds"):
+        check_against(lambda x: (x > 0).float(), lambda x: x > 0, one, name="f")
+    with pytest.raises(ExerciseCheckError, match=r"You return a single number, but the reference returns a tensor "
+                                                 r"of shape \(4,\)"):
+        check_against(lambda x: x.sum(), lambda x: x, one, name="f")
+
+
+def test_a_hint_must_explain_every_case_not_just_the_failing_one():
+    cases = [{"x": torch.rand(3) + 1, "p": 1.0}, {"x": torch.rand(3) + 1, "p": 0.5}]
+    learner = lambda x, p: x**p * 2  # noqa: E731  (wrong on both cases, by a factor of 2)
+    coincides_on_case_1 = {"the exponent p is ignored": lambda x, p: x * 2}
+    with pytest.raises(ExerciseCheckError) as error:
+        check_against(learner, lambda x, p: x**p, cases, name="power", hints=coincides_on_case_1)
+    assert "Likely cause" not in str(error.value)
+    assert "times 2" in str(error.value)
+    explains_both = {**coincides_on_case_1, "doubled": lambda x, p: x**p * 2}
+    with pytest.raises(ExerciseCheckError, match=r"\nLikely cause: doubled\.$"):
+        check_against(learner, lambda x, p: x**p, cases, name="power", hints=explains_both)
+
+
+def test_diagnose_speaks_when_no_hint_matches_and_never_hides_the_difference():
+    with pytest.raises(ExerciseCheckError, match=r"values differ(.|\n)*\nthe diagnosis for case \(2, 3\)$"):
+        check_against(lambda x: x.softmax(0), reference, CASES[:1], name="softmax",
+                      diagnose=lambda case, got, want: f"the diagnosis for case {tuple(case['x'].shape)}")
+
+    def broken(case, got, want):
+        raise RuntimeError("a bug in the diagnosis")
+
+    with pytest.raises(ExerciseCheckError, match=r"values differ"):
+        check_against(lambda x: x.softmax(0), reference, CASES[:1], name="softmax", diagnose=broken)
+
+
+def test_changing_an_argument_in_place_is_caught():
+    def in_place(x):
+        return x.exp_() / x.sum(-1, keepdim=True)
+
+    with pytest.raises(ExerciseCheckError, match=r"your function changed its argument 'x' in place"):
+        check_against(in_place, reference, CASES, name="softmax")
+    before = CASES[0]["x"].clone()
+    check_against(lambda x: reference(x), reference, CASES, name="softmax")
+    assert torch.equal(CASES[0]["x"], before)
+
+
+def test_wrong_parameter_names_are_explained():
+    with pytest.raises(ExerciseCheckError, match=r"unexpected keyword argument 'x'\nThe check passes the arguments "
+                                                 r"by name \(x\)"):
+        check_against(lambda logits: logits.softmax(-1), reference, CASES, name="softmax")
