@@ -68,6 +68,14 @@ def test_mask_of_wrong_shape_is_named():
         tl.scaled_dot_product_attention(q, q, q, torch.ones(2, 1, 1, 5, dtype=torch.bool))
 
 
+def test_a_mask_with_fewer_dimensions_is_refused_even_where_it_would_broadcast():
+    # A (B, S) padding mask against scores (B, h, T_q, S) lines its batch axis up with the queries when B == T_q:
+    # broadcasting succeeds, and sentence i's padding would hide keys from query i of every sentence.
+    q = torch.randn(3, 2, 3, 4)  # (B, h, T_q, d_k) with B == T_q
+    with pytest.raises(ValueError, match=r"mask has shape \(3, 3\), which does not fit .* \(3, 2, 3, 3\)"):
+        tl.scaled_dot_product_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool))
+
+
 def test_mismatched_dimensions_are_named():
     with pytest.raises(ValueError, match="d_k"):
         tl.scaled_dot_product_attention(torch.randn(1, 3, 4), torch.randn(1, 3, 5), torch.randn(1, 3, 5))

@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab  # noqa: E402
 
+import transformer_lib.checks  # noqa: E402
+
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 APPENDICES = sorted(BOOK.glob("appendix_*.ipynb"))  # after the chapters; they need no exercises
 NOTEBOOKS = CHAPTERS + APPENDICES
@@ -107,6 +109,11 @@ def test_later_chapters_import_earlier_pieces(path):
     assert re.search(r"^\s*(import transformer_lib|from transformer_lib)", code, re.M)
 
 
+def named_checks_called(code: str) -> list[str]:
+    """The named exercise checks (check_attention, ...) that a cell calls; the generic check_against is not one."""
+    return [name for name in re.findall(r"\b(check_\w+)\(", code) if name != "check_against"]
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_exercises_are_labelled_rated_solved_and_one_is_checked_code(path):
     notebook = load(path)
@@ -120,8 +127,16 @@ def test_exercises_are_labelled_rated_solved_and_one_is_checked_code(path):
     cells = notebook["cells"]
     stubs = [i for i, c in enumerate(cells) if "raises-exception" in c.get("metadata", {}).get("tags", [])]
     assert stubs, "no coding exercise (a stub cell tagged raises-exception)"
+    code = text_of(notebook, "code")
     for i in stubs:
         stub = "".join(cells[i]["source"])
-        assert "NotImplementedError" in stub and "check_against(" in stub, f"cell {i}: stub without an automatic check"
+        called = named_checks_called(stub)
+        assert "NotImplementedError" in stub and called, f"cell {i}: stub without a call to a named check"
+        for name in called:
+            assert callable(getattr(transformer_lib.checks, name, None)), (
+                f"cell {i}: transformer_lib.checks has no {name}")
+            assert re.search(rf"from transformer_lib\.checks import [^\n]*\b{name}\b", code) or (
+                f"checks.{name}(" in stub), f"cell {i}: {name} is not imported from transformer_lib.checks"
         solutions = [c for c in cells[i + 1 :] if "solution" in c.get("metadata", {}).get("tags", [])]
-        assert solutions and "check_against(" in "".join(solutions[0]["source"]), f"cell {i}: no checked solution"
+        assert solutions and named_checks_called("".join(solutions[0]["source"])) == called, (
+            f"cell {i}: the solution does not call the stub's check {called}")
