@@ -200,7 +200,20 @@ def memory_probe(args: argparse.Namespace) -> None:
     trainer = Trainer(args.memory_probe, args.size, torch.device("cpu"), DTYPES[args.dtype], args.compile)
     for src, tgt in random_batches(3, args.size, args.shape, seed=2):
         trainer.step(src, tgt)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux reports KiB
+    print(peak_resident_mib())
+
+
+def peak_resident_mib() -> float:
+    """This process's peak resident size. Linux: VmHWM, since getrusage's ru_maxrss survives exec and would report
+    the parent's peak; elsewhere ru_maxrss (KiB on Linux, bytes on macOS)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def summary(values: list[float]) -> dict:
