@@ -11,6 +11,7 @@ EPILOG = """examples:
   python -m transformer_lib train --preset multi30k --out runs/de-en
   python -m transformer_lib train --preset tiny --max-steps 200 --train-limit 2000 --out runs/tiny
   python -m transformer_lib train --out runs/de-en --resume
+  torchrun --standalone --nproc_per_node=2 -m transformer_lib train --preset tiny --max-steps 200 --out runs/ddp
   python -m transformer_lib translate --checkpoint runs/de-en "Ein Mann fährt Fahrrad."
   echo "Zwei Hunde spielen im Schnee." | python -m transformer_lib translate --checkpoint runs/de-en
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test
@@ -93,6 +94,7 @@ def _load(checkpoint: Path):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from transformer_lib.distributed import is_main_process
     from transformer_lib.translation import train_translator
 
     overrides = json.loads(args.config.read_text(encoding="utf-8")) if args.config else None
@@ -104,8 +106,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         train_limit=args.train_limit, resume=args.resume, compile=args.compile, seed=args.seed,
         progress=not args.no_progress,
     )
+    if not is_main_process():  # under torchrun, rank 0 speaks for all processes
+        return 0
     last = summary["history"][-1][1] if summary["history"] else float("nan")
-    print(f"trained {summary['steps']} steps on {summary['device']}; last logged loss {last:.3f}; saved in {args.out}")
+    where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
+    print(f"trained {summary['steps']} steps on {where}; last logged loss {last:.3f}; saved in {args.out}")
     return 0
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from transformer_lib.distributed import is_main_process, token_share, unwrap
 from transformer_lib.masks import padding_mask
 from transformer_lib.model import Transformer, TransformerConfig
 
@@ -161,7 +162,10 @@ def train(
     if amp_dtype == torch.float16 and scaler is None:
         raise ValueError("fp16 training needs a GradScaler: pass scaler=torch.amp.GradScaler('cuda')")
     state = state or TrainState()
-    pad_id = model.cfg.pad_id
+    core = unwrap(model)  # the Transformer itself, also inside DistributedDataParallel (appendix)
+    pad_id = core.cfg.pad_id
+    checkpoint_path = checkpoint_path if is_main_process() else None  # under torchrun only rank 0 writes files
+    progress = progress and is_main_process()  # ... and shows a progress bar
     model.train()
     bar = tqdm(total=max_steps, initial=state.step, disable=not progress, desc="training", unit="step")
     running, counted, tokens, started = 0.0, 0, 0, time.perf_counter()
@@ -175,12 +179,13 @@ def train(
             with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext():
                 logits = model(src, decoder_input)  # (B, T, V)
                 loss = translation_loss(logits.float(), labels, pad_id, label_smoothing)
+            share = token_share(loss, (labels != pad_id).sum())  # weight 1.0 on one process (appendix)
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
-                scaler.scale(loss).backward()
+                scaler.scale(loss * share.weight).backward()
                 scaler.unscale_(optimizer)
             else:
-                loss.backward()
+                (loss * share.weight).backward()
             if clip_norm is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             if scaler is not None:
@@ -191,9 +196,9 @@ def train(
             scheduler.step()
             state.step += 1
             state.batch_in_epoch += 1
-            running += loss.item()
+            running += share.loss.item()  # the whole batch's mean loss
             counted += 1
-            tokens += int((labels != pad_id).sum())
+            tokens += int(share.tokens)
             if state.step % log_every == 0 or state.step == max_steps:
                 state.history.append((state.step, running / counted))  # mean loss of the steps since the last log
                 rate = tokens / (time.perf_counter() - started)
@@ -201,7 +206,7 @@ def train(
                 running, counted, tokens, started = 0.0, 0, 0, time.perf_counter()
             bar.update(1)
             if checkpoint_path and checkpoint_every and state.step % checkpoint_every == 0:
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, scaler, state, checkpoint_extra)
+                save_checkpoint(checkpoint_path, core, optimizer, scheduler, scaler, state, checkpoint_extra)
             if state.step >= max_steps:
                 break
         else:
@@ -209,7 +214,7 @@ def train(
             state.batch_in_epoch = 0
     bar.close()
     if checkpoint_path:
-        save_checkpoint(checkpoint_path, model, optimizer, scheduler, scaler, state, checkpoint_extra)
+        save_checkpoint(checkpoint_path, core, optimizer, scheduler, scaler, state, checkpoint_extra)
     return state
 
 

@@ -12,6 +12,16 @@ import torch
 from torch import Tensor
 from tokenizers import Tokenizer
 
+from transformer_lib.distributed import (
+    broadcast_from_main,
+    data_parallel,
+    destroy_distributed,
+    init_distributed,
+    is_main_process,
+    local_device,
+    shard_batch,
+    world_size,
+)
 from transformer_lib.embedding import BOS_ID, EOS_ID, PAD_ID, pad_batch, train_bpe_tokenizer
 from transformer_lib.masks import padding_mask
 from transformer_lib.model import Transformer, TransformerConfig
@@ -308,11 +318,16 @@ def train_translator(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Train a translator end to end and write checkpoint.pt, tokenizer.json and history.json into out_dir."""
+    """Train a translator end to end and write checkpoint.pt, tokenizer.json and history.json into out_dir.
+
+    Under torchrun every process runs this function on its share of each batch, and only rank 0 writes files.
+    """
+    joined = init_distributed()  # under torchrun: join the other processes; False on a single process
+    main = is_main_process()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = out / "checkpoint.pt"
-    device = get_device()
+    device = local_device()  # cuda:LOCAL_RANK under torchrun on GPUs, else get_device()
     checkpoint = load_checkpoint(checkpoint_path, device) if resume else None
     if checkpoint is not None:
         run = checkpoint["extra"]["run"]
@@ -326,17 +341,22 @@ def train_translator(
     if run["train_limit"] is not None:
         pairs = pairs[: run["train_limit"]]
     if checkpoint is None:
-        tokenizer = train_bpe_tokenizer([text for pair in pairs for text in pair], training["vocab_size"])
-    tokenizer.save(str(out / "tokenizer.json"))
+        tokenizer = train_bpe_tokenizer([text for pair in pairs for text in pair], training["vocab_size"]) if main else None
+        tokenizer = broadcast_from_main(tokenizer)  # every process must use rank 0's vocabulary
+    if main:
+        tokenizer.save(str(out / "tokenizer.json"))
     max_len = settings["model"]["max_len"]
     encoded, too_long = encode_pairs(pairs, tokenizer, max_len)
-    print(f"{len(encoded):,} training pairs; {too_long} set aside because a side is longer than max_len={max_len}")
+    if main:
+        print(f"{len(encoded):,} training pairs; {too_long} set aside because a side is longer than max_len={max_len}")
     epoch_batches: dict[int, list] = {}
 
     def batches_for_epoch(epoch: int) -> list:
         if epoch not in epoch_batches:
             epoch_batches.clear()
-            epoch_batches[epoch] = token_budget_batches(encoded, training["max_tokens"], seed=run["seed"] * 100_003 + epoch)
+            batches = token_budget_batches(encoded, training["max_tokens"], seed=run["seed"] * 100_003 + epoch)
+            # Under torchrun, this process's share of each batch; a batch smaller than the group goes to every process.
+            epoch_batches[epoch] = [shard_batch(src, tgt, PAD_ID, whole_if_small=True) for src, tgt in batches]
         return epoch_batches[epoch]
 
     if max_steps is None:
@@ -350,15 +370,20 @@ def train_translator(
     optimizer, scheduler = make_optimizer(model, cfg.d_model, training["warmup"], training["lr_factor"])
     scaler = torch.amp.GradScaler("cuda") if autocast_dtype(device) == torch.float16 else None
     state = resume_training(checkpoint, model, optimizer, scheduler, scaler) if checkpoint is not None else None
+    model = data_parallel(model)  # under torchrun: DistributedDataParallel, starting from rank 0's weights
     if compile:
         model.compile()
     extra = {"run": run, "tokenizer": tokenizer.to_str()}
     state = train(model, batches_for_epoch, optimizer, scheduler, max_steps, state=state,
                   label_smoothing=training["label_smoothing"], scaler=scaler, checkpoint_path=checkpoint_path,
                   checkpoint_every=500, checkpoint_extra=extra, progress=progress)
-    (out / "history.json").write_text(json.dumps(state.history))
+    if main:
+        (out / "history.json").write_text(json.dumps(state.history))
+    processes = world_size()
+    if joined:
+        destroy_distributed()
     return {"steps": state.step, "epochs": state.epoch, "too_long": too_long, "pairs": len(encoded),
-            "device": str(device), "history": state.history}
+            "device": str(device), "processes": processes, "history": state.history}
 
 
 def load_translator(path: str | Path, device: torch.device | str | None = None) -> tuple[Transformer, Tokenizer]:
