@@ -304,8 +304,8 @@ def table(report: dict) -> str:
         mfu = r["model_flops_per_s"] / report["matmul_flops_per_s"]
         lines.append(f"| {name} | {t['median']:,.0f} ({t['min']:,.0f}-{t['max']:,.0f}) | "
                      f"{t['median'] / base:.2f}x | {memory} | {mfu:.1%} |")
-    lines += ["", "| greedy decoding, {} tokens | generated tokens/s (median, range) |".format(
-        report["settings"]["decode_tokens"]), "|---|---|"]
+    lines += ["", "| greedy decoding of {} tokens, library model, not compiled | generated tokens/s (median, range) |"
+              .format(report["settings"]["decode_tokens"]), "|---|---|"]
     for name, r in report["decoding"].items():
         t = r["tokens_per_s"]
         lines.append(f"| {name} | {t['median']:,.1f} ({t['min']:,.1f}-{t['max']:,.1f}) |")

@@ -96,3 +96,16 @@ def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         benchmark.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_appendix_tables_are_the_committed_reports():
+    import tables
+
+    text = tables.APPENDIX.read_text(encoding="utf-8")
+    names = [match["name"] for match in tables.BLOCK.finditer("".join(
+        "".join(cell["source"]) for cell in json.loads(text)["cells"] if cell["cell_type"] == "markdown"))]
+    assert len(names) >= 4, names
+    for name in names:
+        report = json.loads((tables.RESULTS / name).read_text())
+        assert set(report["training"]) == set(benchmark.MODELS) and report["environment"]["device_name"]
+    assert tables.sync(check=True) == [], "run `python benchmarks/tables.py` after changing a report"

@@ -188,3 +188,14 @@ def test_bad_inputs_to_the_model():
         model(src.float(), tgt)
     with pytest.raises(ValueError, match=r"same batch size, got shapes \(3, 9\) and \(2, 7\)"):
         model(src, tgt[:2])
+
+
+def test_the_model_traces_into_one_graph_for_torch_compile():
+    # A graph break (e.g. reading a tensor's values in Python) would split the compiled model and cost speed.
+    import torch._dynamo
+
+    model = small_model()
+    src, tgt = batch()
+    explanation = torch._dynamo.explain(model)(src, tgt)
+    assert explanation.graph_break_count == 0, [str(reason.reason) for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
