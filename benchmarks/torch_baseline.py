@@ -13,7 +13,7 @@ from torch import Tensor, nn
 import transformer_lib as tl
 
 
-def _copy_attention(ours: tl.MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+def copy_attention(ours: tl.MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
     """Our four projections into nn.MultiheadAttention's packed in_proj and its out_proj."""
     with torch.no_grad():
         theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
@@ -24,7 +24,7 @@ def _copy_attention(ours: tl.MultiHeadAttention, theirs: nn.MultiheadAttention) 
 
 def _copy_layer(ours: nn.Module, theirs: nn.Module, attention: list, norms: list) -> None:
     for mine, torch_attn in attention:
-        _copy_attention(mine, torch_attn)
+        copy_attention(mine, torch_attn)
     theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
     theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
     for mine, torch_norm in norms:

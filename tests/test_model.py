@@ -1,9 +1,14 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 import transformer_lib as tl
-from test_multihead import copy_into_torch_mha
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from torch_baseline import TorchTransformer  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
 
 SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
 
@@ -12,41 +17,9 @@ def small_model(norm_first: bool = False, dropout: float = 0.0, **changes) -> tl
     return tl.Transformer(tl.TransformerConfig(**{**SMALL, **changes}, dropout=dropout, norm_first=norm_first))
 
 
-def copy_sublayers(ours, theirs, attn_pairs, norm_pairs) -> None:
-    for mine, torch_attn in attn_pairs:
-        copy_into_torch_mha(mine, torch_attn)
-    theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
-    theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
-    for mine, torch_norm in norm_pairs:
-        torch_norm.load_state_dict(mine.norm.state_dict())
-
-
 def torch_transformer_like(model: tl.Transformer) -> nn.Transformer:
-    """An nn.Transformer holding a copy of our encoder and decoder weights."""
-    cfg = model.cfg
-    layer_args = dict(d_model=cfg.d_model, nhead=cfg.n_heads, dim_feedforward=cfg.d_ff, dropout=0.0,
-                      batch_first=True, norm_first=cfg.norm_first)
-    # nn.Transformer always ends each stack with a LayerNorm; the paper's post-norm model has none,
-    # so for post-norm we pass stacks without that final norm.
-    enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
-    dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else None
-    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(**layer_args), cfg.n_layers, enc_norm,
-                                    enable_nested_tensor=False)
-    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(**layer_args), cfg.n_layers, dec_norm)
-    theirs = nn.Transformer(d_model=cfg.d_model, nhead=cfg.n_heads, custom_encoder=encoder, custom_decoder=decoder,
-                            batch_first=True)
-    for mine, torch_layer in zip(model.encoder.layers, encoder.layers):
-        copy_sublayers(mine, torch_layer, [(mine.self_attn, torch_layer.self_attn)],
-                       [(mine.attn_block, torch_layer.norm1), (mine.ff_block, torch_layer.norm2)])
-    for mine, torch_layer in zip(model.decoder.layers, decoder.layers):
-        copy_sublayers(mine, torch_layer,
-                       [(mine.self_attn, torch_layer.self_attn), (mine.cross_attn, torch_layer.multihead_attn)],
-                       [(mine.self_attn_block, torch_layer.norm1), (mine.cross_attn_block, torch_layer.norm2),
-                        (mine.ff_block, torch_layer.norm3)])
-    if cfg.norm_first:
-        encoder.norm.load_state_dict(model.encoder.norm.state_dict())
-        decoder.norm.load_state_dict(model.decoder.norm.state_dict())
-    return theirs
+    """An nn.Transformer holding a copy of our encoder and decoder weights: the benchmark's baseline's stacks."""
+    return TorchTransformer(model).transformer
 
 
 def batch(pad_src: int = 3, pad_tgt: int = 2):

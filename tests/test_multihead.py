@@ -1,17 +1,14 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 import transformer_lib as tl
 
-
-def copy_into_torch_mha(ours: tl.MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    """Copy our four projections into nn.MultiheadAttention's packed in_proj and out_proj."""
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-        theirs.out_proj.weight.copy_(ours.w_o.weight)
-        theirs.out_proj.bias.copy_(ours.w_o.bias)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from torch_baseline import copy_attention  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -21,7 +18,7 @@ def test_matches_torch_multihead_attention(fused, causal):
     ours = tl.MultiHeadAttention(d_model, n_heads)
     ours.fused = fused
     theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
-    copy_into_torch_mha(ours, theirs)
+    copy_attention(ours, theirs)
     query = torch.randn(3, 6, d_model)
     memory = query if causal else torch.randn(3, 7, d_model)
     ids = torch.randint(1, 9, (3, memory.size(1)))
