@@ -182,13 +182,9 @@ def peak_memory_mib(name: str, args: argparse.Namespace, device: torch.device) -
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        trainer = Trainer(name, args.size, device, DTYPES[args.dtype], args.compile)
-        for src, tgt in random_batches(3, args.size, args.shape, seed=2):
-            trainer.step(src, tgt)
+        train_three_steps(name, args, device)
         synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-        del trainer
-        return peak
+        return torch.cuda.max_memory_allocated(device) / 2**20
     command = [sys.executable, __file__, "--memory-probe", name, "--size", args.size, "--dtype", args.dtype,
                "--device", "cpu", "--batch", ",".join(map(str, args.shape))] + (["--compile"] if args.compile else [])
     result = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -197,10 +193,15 @@ def peak_memory_mib(name: str, args: argparse.Namespace, device: torch.device) -
 
 def memory_probe(args: argparse.Namespace) -> None:
     """Child process of peak_memory_mib on a CPU: train three steps, print the peak resident size in MiB."""
-    trainer = Trainer(args.memory_probe, args.size, torch.device("cpu"), DTYPES[args.dtype], args.compile)
+    train_three_steps(args.memory_probe, args, torch.device("cpu"))
+    print(peak_resident_mib())
+
+
+def train_three_steps(name: str, args: argparse.Namespace, device: torch.device) -> None:
+    """What peak memory is measured over: build the model and train it for three steps."""
+    trainer = Trainer(name, args.size, device, DTYPES[args.dtype], args.compile)
     for src, tgt in random_batches(3, args.size, args.shape, seed=2):
         trainer.step(src, tgt)
-    print(peak_resident_mib())
 
 
 def peak_resident_mib() -> float:
