@@ -76,6 +76,16 @@ def test_a_mask_with_fewer_dimensions_is_refused_even_where_it_would_broadcast()
         tl.scaled_dot_product_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool))
 
 
+def test_a_key_padding_mask_is_refused_with_the_way_to_make_it_4d():
+    q = torch.randn(2, 4, 3, 8)  # (B, h, T, d_k)
+    keep = torch.tensor([[True, True, False], [True, True, True]])  # (B, T_k): True = a real token
+    with pytest.raises(ValueError, match=r"key-padding mask must be made 4-D, mask\[:, None, None, :\].*~key_padding_mask"):
+        tl.scaled_dot_product_attention(q, q, q, keep)
+    out, _ = tl.scaled_dot_product_attention(q, q, q, keep[:, None, None, :])  # what the message says works
+    expected, _ = tl.scaled_dot_product_attention(q, q, q, tl.padding_mask(torch.tensor([[5, 6, 0], [5, 6, 7]]), 0))
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_mismatched_dimensions_are_named():
     with pytest.raises(ValueError, match="d_k"):
         tl.scaled_dot_product_attention(torch.randn(1, 3, 4), torch.randn(1, 3, 5), torch.randn(1, 3, 5))

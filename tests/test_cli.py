@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -37,7 +38,11 @@ def test_help_describes_every_command(command):
         (["train", "--out", "x", "--max-steps", "5", "--epochs", "2"], "not allowed with argument"),
         (["train", "--out", "x", "--preset", "huge"], "invalid choice: 'huge'"),
         (["train", "--out", "x", "--config", "missing.json"], "file 'missing.json' does not exist"),
-        (["train", "--out", "/nonexistent/run", "--resume"], "--resume needs /nonexistent/run/checkpoint.pt"),
+        (["train", "--out", "/nonexistent/run", "--resume"], "resume needs /nonexistent/run/checkpoint.pt"),
+        (["train", "--out", "x", "--resume", "--preset", "tiny", "--seed", "3"], "--preset, --seed would be ignored"),
+        (["train", "--out", "x", "--resume", "--overwrite"], "choose one"),
+        (["translate", "--checkpoint", "x", "--beam", "33", "Hallo"], "expected a beam size from 1 to 32, got '33'"),
+        (["translate", "--checkpoint", "x", "Hallo", "  "], "sentence 2 is empty"),
         (["translate", "--checkpoint", "nowhere", "Hallo"], "--checkpoint 'nowhere' does not exist"),
         (["evaluate", "--hyp-file", "missing.txt", "--ref-file", "x"], "file 'missing.txt' does not exist"),
         (["evaluate"], "give --checkpoint with --split"),
@@ -63,6 +68,11 @@ def test_train_translate_evaluate_resume(tmp_path):
     result = cli("train", "--out", str(run), "--resume", "--max-steps", "50", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "trained 50 steps" in result.stdout
+    history = json.loads((run / "history.json").read_text(encoding="utf-8"))  # strict JSON
+    assert history["train_loss"][-1][0] == 50
+
+    result = cli("train", "--preset", "tiny", "--max-steps", "40", "--out", str(run), "--no-progress")
+    assert result.returncode == 1 and "already holds a run" in result.stderr and "Traceback" not in result.stderr
 
     result = cli("translate", "--checkpoint", str(run), "--beam", "2", "Ein Hund läuft.", "Zwei Männer.")
     assert result.returncode == 0, result.stderr
@@ -74,8 +84,6 @@ def test_train_translate_evaluate_resume(tmp_path):
 
     src, ref = tmp_path / "src.de", tmp_path / "ref.en"
     lines = [line for line in (DATA / "multi30k" / "test.jsonl").read_text(encoding="utf-8").splitlines()[:120]]
-    import json
-
     src.write_text("\n".join(json.loads(l)["de"] for l in lines) + "\n", encoding="utf-8")
     ref.write_text("\n".join(json.loads(l)["en"] for l in lines) + "\n", encoding="utf-8")
     hyp = tmp_path / "hyp.en"
@@ -96,3 +104,131 @@ def test_train_translate_evaluate_resume(tmp_path):
 
     result = cli("evaluate", "--checkpoint", str(run), "--src-file", str(src), "--ref-file", str(short))
     assert result.returncode != 0 and "120 source lines but 2 reference lines" in result.stderr
+
+
+# ---- in-process checks of the command line's error handling (no torch start-up per case) ----
+
+from transformer_lib import cli as cli_module  # noqa: E402
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        code = cli_module.main(list(args))
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:") or ": error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "text, lines",
+    [("a\nb\n", ["a", "b"]), ("a\nb", ["a", "b"]), ("a\n\n", ["a", ""]), ("\n", [""]), ("a\r\nb\r\n", ["a", "b"])],
+)
+def test_read_lines_counts_an_empty_last_line(tmp_path, text, lines):
+    path = tmp_path / "hyp.txt"
+    path.write_bytes(text.encode("utf-8"))
+    assert cli_module._read_lines(path, "--hyp-file") == lines
+
+
+def test_an_empty_file_is_no_sentences_not_one(tmp_path, capsys):
+    empty, ref = tmp_path / "empty.txt", tmp_path / "ref.txt"
+    empty.write_text("", encoding="utf-8")
+    ref.write_text("A dog.\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "evaluate", "--hyp-file", str(ref), "--ref-file", str(empty))
+    assert code == 1 and "--ref-file" in one_error_line(err) and "is empty" in err
+
+
+def test_files_that_are_not_utf8_are_named(tmp_path, capsys):
+    latin, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    latin.write_bytes("Ein M\u00e4dchen.\n".encode("latin-1"))
+    ref.write_text("A girl.\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "evaluate", "--hyp-file", str(latin), "--ref-file", str(ref))
+    line = one_error_line(err)
+    assert code == 1 and "is not UTF-8 text (byte 0xe4 on line 1)" in line and "iconv" in line
+
+
+def test_save_hyp_never_overwrites_an_input(tmp_path, capsys):
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    ref.write_text("A dog.\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(tmp_path), "--src-file", str(src), "--ref-file",
+                            str(ref), "--save-hyp", str(ref))
+    assert code == 1 and "is the --ref-file and would be overwritten" in one_error_line(err)
+    assert ref.read_text(encoding="utf-8") == "A dog.\n"
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('{"training": {"lr": 0.1}}', "training.lr is not a setting; did you mean 'lr_factor'?"),
+        ('{"training": {"warmup": 0}}', "training.warmup must be a positive integer (steps), got 0"),
+        ('{"model": {"norm_first": "no"}}', "model.norm_first must be true or false, got 'no'"),
+        ("null", "must hold a JSON object"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"training": {', "is not valid JSON (line 1, column"),
+    ],
+)
+def test_a_bad_config_is_refused_before_anything_is_written(tmp_path, capsys, config, message):
+    path, out = tmp_path / "config.json", tmp_path / "run"
+    path.write_text(config, encoding="utf-8")
+    code, _, err = run_main(capsys, "train", "--preset", "tiny", "--config", str(path), "--out", str(out))
+    assert code == 1 and message in one_error_line(err)
+    assert not out.exists()
+
+
+def test_an_existing_run_is_refused_without_resume_or_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"a finished run")
+    code, _, err = run_main(capsys, "train", "--preset", "tiny", "--out", str(run))
+    line = one_error_line(err)
+    assert code == 1 and "already holds a run (checkpoint.pt)" in line and "--resume" in line and "--overwrite" in line
+    assert (run / "checkpoint.pt").read_bytes() == b"a finished run"
+    (tmp_path / "file").write_text("mine", encoding="utf-8")
+    code, _, err = run_main(capsys, "train", "--out", str(tmp_path / "file"))
+    assert code == 1 and "is a file" in one_error_line(err)
+
+
+def test_bad_checkpoints_are_one_line_and_run_no_code(tmp_path, capsys):
+    import pickle
+
+    marker = tmp_path / "ran"
+    crafted = tmp_path / "crafted.pt"
+    crafted.write_bytes(pickle.dumps({"config": Touch(marker)}))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name, message in (("crafted.pt", "not a transformer_lib checkpoint"), ("empty.pt", "corrupt")):
+        code, _, err = run_main(capsys, "translate", "--checkpoint", str(tmp_path / name), "Hallo")
+        assert code == 1 and message in one_error_line(err)
+    assert not marker.exists()
+
+
+class Touch:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="corrupt"):
+        cli_module.main(["translate", "--checkpoint", str(tmp_path / "empty.pt"), "--debug", "Hallo"])
+    with pytest.raises(ValueError, match="corrupt"):
+        cli_module.main(["--debug", "translate", "--checkpoint", str(tmp_path / "empty.pt"), "Hallo"])
+
+
+def test_a_bug_still_shows_its_traceback(monkeypatch, capsys):
+    def broken(args):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(cli_module, "cmd_translate", broken)
+    code, _, err = run_main(capsys, "translate", "--checkpoint", "x", "Hallo")
+    assert code == 1 and "Traceback" in err and "TypeError: a bug" in err and "this is a bug" in err

@@ -1,6 +1,6 @@
 """The named exercise checks of transformer_lib.checks: each passes correct answers (on many seeds), rejects the
 usual wrong answers with a message that names the cause, lets a stub's NotImplementedError through and explains
-a crash. The wrong answers (mutants) are written here, independently of the hints inside checks.py."""
+a crash. The wrong answers (mutants) are written here, independently of the hints inside transformer_lib/checks/."""
 
 import json
 import math
@@ -62,26 +62,50 @@ def attention_large_negative(q, k, v, mask=None):  # -1e9 instead of -inf: the s
     return attention(q, k, v, mask, fill=-1e9)
 
 
-def causal_mask(size):
-    return torch.ones(size, size, dtype=torch.bool).tril()[None, None]
+def packed_mask(segments):
+    size = segments.size(1)
+    same = segments.unsqueeze(2) == segments.unsqueeze(1)  # (B, T, T)
+    allowed = same & (segments != 0).unsqueeze(1) & torch.ones(size, size, dtype=torch.bool).tril()
+    return allowed.unsqueeze(1)
 
 
-def causal_mask_by_comparison(size):
-    i = torch.arange(size)
-    return (i[None, :] <= i[:, None]).view(1, 1, size, size)
+def packed_mask_by_comparison(segments):  # positions compared instead of tril; a padded query sees nothing
+    i = torch.arange(segments.size(1))
+    real = segments != 0
+    allowed = (segments[:, :, None] == segments[:, None, :]) & (i[None, :] <= i[:, None]) & real[:, :, None]
+    return allowed[:, None]
 
 
-def padding_mask(ids, pad_id):
-    return (ids != pad_id)[:, None, None, :]
-
-
-def split_heads(x, n_heads):
+def attention_heads(attention, x, split="transpose"):  # each head's attention output, (B, h, T, d_k)
     batch, length, d_model = x.shape
-    return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)
+    h = attention.n_heads
+    if split == "view":  # the classic bug
+        q, k, v = (layer(x).reshape(batch, h, length, -1) for layer in (attention.w_q, attention.w_k, attention.w_v))
+    else:
+        projections = (attention.w_q, attention.w_k, attention.w_v)
+        q, k, v = (torch.stack(layer(x).chunk(h, dim=-1), dim=1) for layer in projections)
+    return F.scaled_dot_product_attention(q, k, v)
 
 
-def split_heads_by_chunks(x, n_heads):
-    return torch.stack(x.chunk(n_heads, dim=-1), dim=1)
+def head_outputs(attention, x, block="columns", bias=False, split="transpose"):
+    heads = attention_heads(attention, x, split)
+    d_k, weight = attention.d_k, attention.w_o.weight
+    shares = []
+    for i in range(attention.n_heads):
+        cut = slice(i * d_k, (i + 1) * d_k)
+        shares.append(heads[:, i] @ (weight[:, cut].T if block == "columns" else weight[cut]))
+    out = torch.stack(shares, dim=1)
+    return out + attention.w_o.bias if bias else out
+
+
+def head_outputs_by_zeroing_heads(attention, x):  # run W^O on one head at a time, the others set to 0
+    heads = attention_heads(attention, x)
+    shares = []
+    for i in range(attention.n_heads):
+        alone = torch.zeros_like(heads)
+        alone[:, i] = heads[:, i]
+        shares.append(attention.w_o(attention.merge_heads(alone)) - attention.w_o.bias)
+    return torch.stack(shares, dim=1)
 
 
 def blockwise(q, k, v, block_size, rescale=True, divide=True, scale=True, skip_last=False, add=0.0):
@@ -99,10 +123,33 @@ def blockwise(q, k, v, block_size, rescale=True, divide=True, scale=True, skip_l
     return (out / total if divide else out) + add
 
 
-def sublayer_connection(x, sublayer, norm, dropout, norm_first):
-    if norm_first:
-        return x + dropout(sublayer(norm(x)))
-    return norm(x + dropout(sublayer(x)))
+def parameter_count(cfg, final_norms=True, tie=True, share=True, tables=2, attention_bias=True, ln=2):
+    d, n = cfg.d_model, cfg.n_layers
+    attention = 4 * d * d + (4 * d if attention_bias else 0)
+    ffn = d * cfg.d_ff + cfg.d_ff + cfg.d_ff * d + d
+    count = n * (attention + ffn + 2 * ln * d) + n * (2 * attention + ffn + 3 * ln * d)
+    if cfg.norm_first and final_norms:
+        count += 2 * ln * d
+    count += cfg.src_vocab_size * d
+    if not (cfg.share_embeddings and share):
+        count += cfg.tgt_vocab_size * d
+    if not (cfg.tie_embeddings and tie):
+        count += cfg.tgt_vocab_size * d
+    if cfg.positional == "learned":
+        count += tables * cfg.max_len * d
+    return count
+
+
+def parameter_count_by_parts(cfg):  # layer by layer, the way the chapter's table adds them up
+    d = cfg.d_model
+    layer_norm, attention, ffn = 2 * d, 4 * (d * d + d), 2 * d * cfg.d_ff + cfg.d_ff + d
+    encoder = cfg.n_layers * (attention + ffn + 2 * layer_norm) + (layer_norm if cfg.norm_first else 0)
+    decoder = cfg.n_layers * (2 * attention + ffn + 3 * layer_norm) + (layer_norm if cfg.norm_first else 0)
+    embeddings = cfg.src_vocab_size * d  # the source embedding ...
+    embeddings += 0 if cfg.share_embeddings else cfg.tgt_vocab_size * d  # ... the target's, unless shared ...
+    embeddings += 0 if cfg.tie_embeddings else cfg.tgt_vocab_size * d  # ... and the generator's, unless tied
+    positions = 2 * cfg.max_len * d if cfg.positional == "learned" else 0
+    return encoder + decoder + embeddings + positions
 
 
 def smoothed_loss(logits, labels, pad_id, eps):
@@ -122,31 +169,74 @@ def smoothed_loss_with_targets(logits, labels, pad_id, eps, spread=None, dim=-1,
     return kept.sum() if reduce == "sum" else kept.mean()
 
 
-def best_beam(scores, lengths, alpha):
-    return (scores / ((5.0 + lengths.float()) / 6.0) ** alpha).argmax(dim=1)
+def average_checkpoints(state_dicts):
+    return {key: torch.stack([state[key] for state in state_dicts]).mean(dim=0) if last.is_floating_point()
+            else last.clone() for key, last in state_dicts[-1].items()}
 
 
-def head_entropy(weights):
-    return -torch.special.xlogy(weights, weights).sum(dim=-1).mean(dim=(0, 2))
+def average_checkpoints_by_sum(state_dicts):  # a running sum in float64, divided at the end
+    average = {}
+    for key, last in state_dicts[-1].items():
+        if not last.is_floating_point():
+            average[key] = last
+            continue
+        total = torch.zeros(last.shape, dtype=torch.float64)
+        for state in state_dicts:
+            total = total + state[key]
+        average[key] = (total / len(state_dicts)).to(last.dtype)
+    return average
 
 
-def head_entropy_masked_log(weights):  # log only where the weight is positive
-    logs = torch.where(weights > 0, weights.log(), torch.zeros_like(weights))
-    return -(weights * logs).sum(dim=-1).mean(dim=(0, 2))
+def attention_rollout(weights):
+    identity = torch.eye(weights.size(-1), dtype=weights.dtype)
+    rollout = identity
+    for attention in weights:
+        mixed = 0.5 * attention + 0.5 * identity
+        rollout = (mixed / mixed.sum(-1, keepdim=True)) @ rollout
+    return rollout
+
+
+def attention_rollout_from_the_last_layer(weights):  # the layers multiplied from the last one down
+    identity = torch.eye(weights.size(-1), dtype=weights.dtype)
+    mixed = 0.5 * weights + 0.5 * identity  # (L, S, S)
+    mixed = mixed / mixed.sum(-1, keepdim=True)
+    rollout = mixed[-1]
+    for layer in reversed(range(weights.size(0) - 1)):
+        rollout = rollout @ mixed[layer]
+    return rollout
+
+
+def _in_place_average(state_dicts):  # adds into the first state dict: the caller's checkpoint is overwritten
+    first = state_dicts[0]
+    for key, value in first.items():
+        if value.is_floating_point():
+            for state in state_dicts[1:]:
+                value += state[key]
+            value /= len(state_dicts)
+    return first
+
+
+def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
+    identity = torch.eye(weights.size(-1), dtype=weights.dtype)
+    rollout = identity
+    for attention in weights:
+        mixed = (1 - share) * attention + share * identity
+        mixed = mixed / mixed.sum(-1, keepdim=True) if renormalise else mixed
+        rollout = rollout @ mixed if reverse else mixed @ rollout
+    return rollout
 
 
 CORRECT = {
     "check_token_embedding": [token_embedding, token_embedding_by_indexing],
     "check_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
     "check_attention": [attention, attention_large_negative],
-    "check_causal_mask": [causal_mask, causal_mask_by_comparison],
-    "check_padding_mask": [padding_mask],
-    "check_split_heads": [split_heads, split_heads_by_chunks],
+    "check_packed_mask": [packed_mask, packed_mask_by_comparison],
+    "check_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
     "check_blockwise_attention": [blockwise],
-    "check_sublayer_connection": [sublayer_connection],
+    "check_parameter_count": [parameter_count, parameter_count_by_parts],
     "check_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
-    "check_best_beam": [best_beam],
-    "check_attention_entropy": [head_entropy, head_entropy_masked_log],
+    "check_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
+    "check_attention_rollout": [attention_rollout, attention_rollout_from_the_last_layer],
 }
 
 
@@ -247,54 +337,40 @@ MUTANTS = {
          r"item 0 \(output\): 80 of 80 values differ.*\nEvery value you return is the expected one plus 0\.001"),
         ("changes q in place", attention_scaling_q_in_place, r"changed its argument 'q' in place"),
     ],
-    "check_causal_mask": [
-        ("upper triangle", lambda size: square(size).triu()[None, None], r"Likely cause: you kept the upper triangle"),
-        ("inverted", lambda size: ~square(size).tril()[None, None], r"Likely cause: the mask is inverted"),
-        ("diagonal excluded", lambda size: square(size).tril(-1)[None, None],
+    "check_packed_mask": [
+        ("sentences ignored", lambda segments: ((segments != 0)[:, None, :] & square(segments.size(1)).tril())[:, None],
+         r"Likely cause: the sentences are ignored"),
+        ("no causal part", lambda segments: packed_mask(segments) | packed_mask(segments).transpose(-2, -1),
+         r"Likely cause: the causal part is missing"),
+        ("padded keys allowed", lambda segments: ((segments[:, :, None] == segments[:, None, :])
+                                                  & square(segments.size(1)).tril())[:, None],
+         r"Likely cause: padded keys are allowed"),
+        ("upper triangle", lambda segments: packed_mask(segments).transpose(-2, -1),
+         r"Likely cause: the future is allowed and the past hidden"),
+        ("diagonal excluded", lambda segments: packed_mask(segments) & ~torch.eye(segments.size(1), dtype=torch.bool),
          r"your mask stops position 0 from seeing position 0 \(itself\).*\nLikely cause: the diagonal is excluded"),
-        ("no singleton dimensions", lambda size: square(size).tril(), r"Likely cause: the singleton batch and head"),
-        ("float mask", lambda size: square(size, torch.float32).tril()[None, None],
-         r"Likely cause: the mask is not boolean"),
-        ("off by one diagonal", lambda size: square(size).tril(1)[None, None],
-         r"case 2 of 7 \(size=2\): 1 entry differs; the first is at index \(0, 0, 0, 1\): expected False, got True\n"
-         r"In words: your mask lets position 0 see position 1 \(a later position\)\."),
-        ("everything allowed", lambda size: square(size)[None, None],
-         r"In words: your mask lets position 0 see position 1 \(a later position\)"),
-        ("one singleton dimension", lambda size: square(size).tril()[None],
-         r"expected shape \(1, 1, 1, 1\), got \(1, 1, 1\)\nThe sizes other than 1 are right, but 1 dimension of "
-         r"size 1 is missing"),
-        ("int64 mask", lambda size: square(size, torch.long).tril()[None, None],
-         r"expected dtype torch\.bool, got torch\.int64\nA mask holds True and False"),
+        ("inverted", lambda segments: ~packed_mask(segments), r"Likely cause: the mask is inverted"),
+        ("no head dimension", lambda segments: packed_mask(segments)[:, 0],
+         r"Likely cause: the singleton head dimension is missing"),
+        ("int64 mask", lambda segments: packed_mask(segments).long(), r"expected dtype torch\.bool, got torch\.int64"),
+        ("one sentence seen from the next", lambda segments: packed_mask(segments)
+         | ((segments[:, :, None] - segments[:, None, :] > 0) & (segments != 0)[:, None, :])[:, None],
+         r"case 1 of 7 \(two sentences in one row; segments: shape \(1, 7\)\): 12 entries differ; the first is at index "
+         r"\(0, 0, 3, 0\): expected False, got True\nIn words: your mask lets position 3 see position 0 \(an earlier "
+         r"position\)"),
     ],
-    "check_padding_mask": [
-        ("inverted", lambda ids, pad_id: (ids == pad_id)[:, None, None, :], r"Likely cause: the mask is inverted"),
-        ("no singleton dimensions", lambda ids, pad_id: ids != pad_id, r"Likely cause: the singleton head and query"),
-        ("keys on the wrong axis", lambda ids, pad_id: (ids != pad_id)[:, None, :, None],
-         r"Likely cause: the singleton dimensions are in the wrong place"),
-        ("one singleton dimension", lambda ids, pad_id: (ids != pad_id).unsqueeze(1),
-         r"Likely cause: only one singleton dimension was added"),
-        ("pad id hard-coded", lambda ids, pad_id: (ids != 0)[:, None, None, :],
-         r"Likely cause: the padding id is hard-coded as 0"),
-        ("ids > pad_id", lambda ids, pad_id: (ids > pad_id)[:, None, None, :],
-         r"padding id 1; token id 0 is a word here.*\nIn words: in batch row \d+: your mask stops every query from "
-         r"seeing key position \d+.*\nids\[\d+, \d+\] = 0 is a real token \(the padding id is 1\)"),
-        ("int64 mask", lambda ids, pad_id: (ids != pad_id).long()[:, None, None, :],
-         r"expected dtype torch\.bool, got torch\.int64"),
-        ("last real token masked", lambda ids, pad_id: (torch.arange(ids.size(1)) < (ids != pad_id).sum(1, keepdim=True)
-                                                      - 1)[:, None, None, :],
-         r"your mask stops every query from seeing key position \d+"),
-    ],
-    "check_split_heads": [
-        ("view without transpose", lambda x, n_heads: x.reshape(x.size(0), n_heads, x.size(1), -1),
+    "check_head_outputs": [
+        ("rows of w_o.weight", lambda attention, x: head_outputs(attention, x, block="rows"),
+         r"Likely cause: head i's block of W\^O was taken from rows"),
+        ("bias in every share", lambda attention, x: head_outputs(attention, x, bias=True),
+         r"Likely cause: every head's share includes the output bias"),
+        ("view without transpose", lambda attention, x: head_outputs(attention, x, split="view"),
          r"Likely cause: x\.view\(B, n_heads, T, d_k\) cuts the heads across positions"),
-        ("strided features", lambda x, n_heads: x.view(*x.shape[:2], -1, n_heads).permute(0, 3, 1, 2),
-         r"Likely cause: head i got every n_heads-th feature"),
-        ("heads not moved", lambda x, n_heads: x.view(*x.shape[:2], n_heads, -1),
-         r"Likely cause: the heads are not moved in front of the positions"),
-        ("(B, h, d_k, T)", lambda x, n_heads: x.view(*x.shape[:2], n_heads, -1).permute(0, 2, 3, 1),
-         r"expected shape \(2, 4, 5, 4\), got \(2, 4, 4, 5\)\nYou have the right sizes in a different order"),
-        ("off by a small constant", lambda x, n_heads: split_heads(x, n_heads) + 1e-3,
-         r"Every value you return is the expected one plus 0\.001"),
+        ("the output shared out equally", lambda attention, x: ((attention(x, x, x)[0] - attention.w_o.bias)
+                                                               / attention.n_heads).unsqueeze(1).expand(
+            -1, attention.n_heads, -1, -1), r"Your shares do add up to the layer's output, but"),
+        ("(B, T, h, d_model)", lambda attention, x: head_outputs(attention, x).transpose(1, 2),
+         r"expected shape \(2, 4, 5, 16\), got \(2, 5, 4, 16\)\nYou have the right sizes in a different order"),
     ],
     "check_blockwise_attention": [
         ("no rescaling", lambda q, k, v, block_size: blockwise(q, k, v, block_size, rescale=False),
@@ -312,30 +388,26 @@ MUTANTS = {
         ("off by a small constant", lambda q, k, v, block_size: blockwise(q, k, v, block_size, add=1e-3),
          r"Every value you return is the expected one plus 0\.001"),
     ],
-    "check_sublayer_connection": [
-        ("norms swapped", lambda x, sublayer, norm, dropout, norm_first: sublayer_connection(
-            x, sublayer, norm, dropout, not norm_first), r"Likely cause: post-norm and pre-norm are swapped"),
-        ("no residual", lambda x, sublayer, norm, dropout, norm_first: (
-            dropout(sublayer(norm(x))) if norm_first else norm(dropout(sublayer(x)))),
-         r"Likely cause: the residual connection is missing"),
-        ("pre-norm adds LayerNorm(x)", lambda x, sublayer, norm, dropout, norm_first: (
-            norm(x) + dropout(sublayer(norm(x))) if norm_first else norm(x + dropout(sublayer(x)))),
-         r"Likely cause: the pre-norm residual adds LayerNorm\(x\) instead of x"),
-        ("pre-norm normalises the sum too", lambda x, sublayer, norm, dropout, norm_first: (
-            norm(x + dropout(sublayer(norm(x)))) if norm_first else norm(x + dropout(sublayer(x)))),
-         r"Likely cause: pre-norm also normalises the sum"),
-        ("dropout after the addition", lambda x, sublayer, norm, dropout, norm_first: (
-            dropout(x + sublayer(norm(x))) if norm_first else norm(dropout(x + sublayer(x)))),
-         r"dropout 0\.5 in training mode.*\nLikely cause: dropout is applied after the residual addition"),
-        ("no dropout", lambda x, sublayer, norm, dropout, norm_first: (
-            x + sublayer(norm(x)) if norm_first else norm(x + sublayer(x))),
-         r"Likely cause: dropout is left out"),
-        ("a new LayerNorm instead of norm", lambda x, sublayer, norm, dropout, norm_first: sublayer_connection(
-            x, sublayer, torch.nn.LayerNorm(x.size(-1)), dropout, norm_first),
-         r"case 1 of 8 \(x: shape \(2, 5, 16\), sublayer: Linear, norm: LayerNorm, dropout: Dropout\(p=0\.0\), "
-         r"norm_first=False\): 160 of 160 values differ"),
-        ("float64", lambda x, sublayer, norm, dropout, norm_first: sublayer_connection(
-            x, sublayer, norm, dropout, norm_first).double(), r"expected dtype torch\.float32, got torch\.float64"),
+    "check_parameter_count": [
+        ("no final norms", lambda cfg: parameter_count(cfg, final_norms=False),
+         r"Likely cause: the final LayerNorm of each pre-norm stack is missing"),
+        ("generator counted", lambda cfg: parameter_count(cfg, tie=False),
+         r"Likely cause: the tied generator is counted as a matrix of its own"),
+        ("shared embedding twice", lambda cfg: parameter_count(cfg, share=False),
+         r"Likely cause: the shared embedding is counted twice"),
+        ("no learned positions", lambda cfg: parameter_count(cfg, tables=0),
+         r"Likely cause: the learned positional tables are missing"),
+        ("one learned table", lambda cfg: parameter_count(cfg, tables=1),
+         r"Likely cause: only one learned positional table is counted"),
+        ("no attention biases", lambda cfg: parameter_count(cfg, attention_bias=False),
+         r"Likely cause: the biases of the attention projections are missing"),
+        ("LayerNorm without its bias", lambda cfg: parameter_count(cfg, ln=1),
+         r"Likely cause: each LayerNorm is counted with d_model numbers"),
+        ("a float", lambda cfg: float(parameter_count(cfg)),
+         r"your function raised ExerciseCheckError: return the count as an int, got the float \d+\.0"),
+        ("one too many", lambda cfg: parameter_count(cfg) + 1,
+         r"case 1 of 7 \(the paper's choices.*\): the value differs, by up to 1; at index \(\) expected (\d+), "
+         r"got \d+"),
     ],
     "check_label_smoothed_loss": [
         ("mean over padding too", lambda logits, labels, pad_id, eps: smoothed_loss_with_targets(
@@ -364,48 +436,36 @@ MUTANTS = {
          r"case 1 of 7 \(logits: shape \(2, 5, 7\), labels: shape \(2, 5\), pad_id=0, eps=0\.1\): the value differs, "
          r"by up to [\d.]+; at index \(\) expected [\d.]+, got [\d.]+"),
     ],
-    "check_best_beam": [
-        ("divided by the length", lambda scores, lengths, alpha: (scores / lengths).argmax(dim=1),
-         r"Likely cause: the scores are divided by the length itself"),
-        ("multiplied by the penalty", lambda scores, lengths, alpha: (
-            scores * ((5.0 + lengths) / 6.0) ** alpha).argmax(dim=1),
-         r"Likely cause: the scores are multiplied by the penalty"),
-        ("argmin", lambda scores, lengths, alpha: (scores / ((5.0 + lengths) / 6.0) ** alpha).argmin(dim=1),
-         r"Likely cause: argmin instead of argmax"),
-        ("no penalty", lambda scores, lengths, alpha: scores.argmax(dim=1),
-         r"Likely cause: the length penalty is left out"),
-        ("no exponent", lambda scores, lengths, alpha: (scores / ((5.0 + lengths) / 6.0)).argmax(dim=1),
-         r"Likely cause: the exponent alpha is missing"),
-        ("argmax over the sentences", lambda scores, lengths, alpha: (
-            scores / ((5.0 + lengths) / 6.0) ** alpha).argmax(dim=0),
-         r"Likely cause: the argmax runs over the sentences"),
-        ("length ** alpha", lambda scores, lengths, alpha: (scores / lengths.float() ** alpha).argmax(dim=1),
-         r"values differ.*\nFor sentence \d+ you picked hypothesis \d+ \(log-probability [-\d.]+, length \d+, "
-         r"penalised score [-\d.e]+\); the best is hypothesis \d+"),
-        ("int32", lambda scores, lengths, alpha: best_beam(scores, lengths, alpha).int(),
-         r"expected dtype torch\.int64, got torch\.int32\nIndices are torch\.long"),
-        ("keepdim", lambda scores, lengths, alpha: (scores / ((5.0 + lengths) / 6.0) ** alpha).argmax(1, keepdim=True),
-         r"expected shape \(1,\), got \(1, 1\)\nThe sizes other than 1 are right, but you have 1 extra dimension"),
-        ("the penalised scores instead of the index", lambda scores, lengths, alpha: (
-            scores / ((5.0 + lengths) / 6.0) ** alpha).amax(dim=1), r"expected dtype torch\.int64, got torch\.float32"),
+    "check_average_checkpoints": [
+        ("summed", lambda state_dicts: {k: torch.stack([s[k] for s in state_dicts]).sum(0) if v.is_floating_point()
+                                        else v for k, v in state_dicts[-1].items()},
+         r"Likely cause: the tensors are summed, not averaged"),
+        ("only the last", lambda state_dicts: dict(state_dicts[-1]),
+         r"Likely cause: only the last state dict is returned"),
+        ("in place", _in_place_average, r"your function modified its input: state dict 0's entry"),
+        ("integer buffers averaged", lambda state_dicts: {
+            k: torch.stack([s[k] for s in state_dicts]).double().mean(0).to(v.dtype) for k, v in state_dicts[-1].items()},
+         r"is an integer buffer .*take it from the last state dict"),
+        ("integer buffers left out", lambda state_dicts: {
+            k: torch.stack([s[k] for s in state_dicts]).mean(0) for k, v in state_dicts[-1].items()
+            if v.is_floating_point()},
+         r"keys missing: \['norm\.num_batches_tracked', 'pos\.index'\]"),
+        ("first and last only", lambda state_dicts: average_checkpoints([state_dicts[0], state_dicts[-1]]),
+         r"Likely cause: the first and the last state dicts are averaged"),
+        ("a list", lambda state_dicts: list(average_checkpoints(state_dicts).values()),
+         r"expected a dict from names to tensors, got list"),
     ],
-    "check_attention_entropy": [
-        ("0 log 0 = NaN", lambda weights: -(weights * weights.log()).sum(-1).mean(dim=(0, 2)),
-         r"your result contains NaN.*\nLikely cause: log\(0\) = -inf"),
-        ("bits", lambda weights: -(torch.special.xlogy(weights, weights) / math.log(2)).sum(-1).mean(dim=(0, 2)),
-         r"Likely cause: the entropy is in bits"),
-        ("queries summed", lambda weights: -torch.special.xlogy(weights, weights).sum(-1).sum(2).mean(0),
-         r"Likely cause: the entropies of the queries are summed"),
-        ("mean over the keys", lambda weights: -torch.special.xlogy(weights, weights).mean(-1).mean(dim=(0, 2)),
-         r"Likely cause: the terms a log a are averaged over the keys"),
-        ("no minus sign", lambda weights: torch.special.xlogy(weights, weights).sum(-1).mean(dim=(0, 2)),
-         r"Likely cause: the minus sign is missing"),
-        ("averaged over the heads too", lambda weights: head_entropy(weights).mean(),
-         r"expected shape \(\d+,\), got \(\)\nLikely cause: the entropies are averaged over the heads too"),
-        ("log(w + 1e-3)", lambda weights: -(weights * (weights + 1e-3).log()).sum(-1).mean(dim=(0, 2)),
-         r"case 1 of 7 \(weights: shape \(2, 4, 5, 5\)\): \d of 4 values differ"),
-        ("one value per sentence and head", lambda weights: -torch.special.xlogy(weights, weights).sum(-1).mean(2),
-         r"expected shape \(4,\), got \(2, 4\)"),
+    "check_attention_rollout": [
+        ("wrong order", lambda weights: _rollout_variant(weights, reverse=True),
+         r"Likely cause: the matrices are multiplied in the wrong order"),
+        ("no identity", lambda weights: _rollout_variant(weights, share=0.0),
+         r"Likely cause: the identity term \(the residual connection\) is left out"),
+        ("no renormalisation", lambda weights: _rollout_variant(weights, renormalise=False),
+         r"Likely cause: the rows of 0\.5 A \+ 0\.5 I are not renormalised"),
+        ("first layer skipped", lambda weights: _rollout_variant(weights[1:]), r"Likely cause: the first layer is skipped"),
+        ("last layer only", lambda weights: _rollout_variant(weights[-1:]),
+         r"Likely cause: only the last layer is used"),
+        ("one row per layer", lambda weights: weights.mean(0), r"values differ"),
     ],
 }
 
@@ -420,7 +480,8 @@ def named_checks() -> list[str]:
 
 
 def test_every_named_check_is_tested_and_belongs_to_an_exercise():
-    assert sorted(CORRECT) == sorted(MUTANTS) == named_checks() == sorted(f.__name__ for f in EXERCISE_CHECKS.values())
+    assert sorted(CORRECT) == sorted(MUTANTS) == named_checks()
+    assert named_checks() == sorted(f.__name__ for f in EXERCISE_CHECKS.values())
     for name in named_checks():
         assert len(MUTANTS[name]) >= 3, f"{name} needs at least three wrong answers"
 
@@ -473,17 +534,17 @@ def test_a_crash_is_reported_with_the_error_and_the_input(check_name):
 
 
 def test_wrong_parameter_names_are_explained():
-    def my_split_heads(x, heads):
-        return split_heads(x, heads)
+    def my_head_outputs(layer, x):
+        return head_outputs(layer, x)
 
-    with pytest.raises(ExerciseCheckError, match=r"unexpected keyword argument 'n_heads'\nThe check passes the "
-                                                 r"arguments by name \(x, n_heads\)"):
-        checks.check_split_heads(my_split_heads)
+    with pytest.raises(ExerciseCheckError, match=r"unexpected keyword argument 'attention'\nThe check passes the "
+                                                 r"arguments by name \(attention, x\)"):
+        checks.check_head_outputs(my_head_outputs)
 
 
 def test_something_that_is_not_a_function_is_refused():
     with pytest.raises(TypeError, match="fn must be the function you wrote"):
-        checks.check_causal_mask(torch.ones(3))
+        checks.check_packed_mask(torch.ones(3))
 
 
 def test_inputs_are_fresh_on_every_call_and_repeatable_with_a_seed():

@@ -4,10 +4,16 @@ import torch
 import transformer_lib as tl
 
 
-def test_device_is_a_real_device():
-    device = tl.get_device()
-    assert device.type in {"cuda", "mps", "cpu"}
-    assert torch.zeros(1, device=device).device.type == device.type
+def test_the_device_is_the_best_one_available(monkeypatch):
+    mps = getattr(torch.backends, "mps", None)
+    expected = "cuda" if torch.cuda.is_available() else "mps" if mps is not None and mps.is_available() else "cpu"
+    assert tl.get_device().type == expected
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert tl.get_device().type == "cuda"  # CUDA first, whatever else there is
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if mps is not None:
+        monkeypatch.setattr(mps, "is_available", lambda: False)
+    assert tl.get_device().type == "cpu"
 
 
 @pytest.mark.parametrize("value, expected", [("", False), ("0", False), ("1", True), ("true", True), ("No", False)])

@@ -1,5 +1,6 @@
-"""The student edition (tools/student_edition.py, DESIGN.md decision 10): every removal rule on small notebooks,
-then the whole book made, built with warnings as errors and searched for any surviving solution text."""
+"""The student edition (tools/student_edition.py; CONTRIBUTING.md, 'Exercises and the student edition'): every
+removal rule on small notebooks, then the whole book made, built with warnings as errors and searched for any
+surviving solution text."""
 
 import html
 import json
@@ -432,7 +433,8 @@ def test_the_student_edition_of_the_book_builds_and_holds_no_solution(tmp_path):
         code_cells = [c for c in student["cells"] if c["cell_type"] == "code"]
         if se.executed_at_build(out / "book", out / "book" / name):
             assert all(c["outputs"] == [] and c["execution_count"] is None for c in code_cells), name
-        else:  # a GPU chapter keeps the stored outputs of its remaining cells (DESIGN.md, decision 6)
+        else:  # a GPU chapter keeps the stored outputs of its remaining cells
+            # (CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9')
             stored = {c.get("id"): c["outputs"] for c in nb["cells"] if c["cell_type"] == "code"}
             assert all(c["outputs"] == stored.get(c.get("id"), []) for c in code_cells[1:]), name
         page = out / "book" / "_build" / "html" / f"{Path(name).stem}.html"

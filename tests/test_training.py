@@ -1,17 +1,13 @@
-import math
-
 import pytest
 import torch
 
 import transformer_lib as tl
 from transformer_lib.training import (
-    TrainState,
     greedy_decode,
     load_checkpoint,
     make_optimizer,
     noam_lr,
     resume_training,
-    save_checkpoint,
     teacher_forcing_pair,
     train,
     translation_loss,
@@ -149,10 +145,13 @@ def test_cached_and_uncached_decoding_agree(norm_first):
     assert torch.equal(cached, uncached)
 
 
-def test_greedy_decoding_runs_in_eval_mode():
+def test_greedy_decoding_runs_in_eval_mode_and_leaves_the_mode_as_it_found_it():
     model, *_ = fresh()
     model.train()
     src = torch.randint(4, 20, (2, 5))
     first = greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID)
-    assert not model.training
+    assert model.training  # a call in the middle of training must not switch dropout off for the steps after it
     assert torch.equal(first, greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID))  # no dropout noise
+    model.eval()
+    greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID)
+    assert not model.training

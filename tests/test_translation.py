@@ -1,10 +1,12 @@
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 
 import transformer_lib as tl
@@ -151,6 +153,28 @@ def test_beam_size_one_equals_greedy_and_cache_changes_nothing():
         assert torch.equal(tr.beam_search(model, src, k, 15), tr.beam_search(model, src, k, 15, use_cache=False))
 
 
+def test_beam_search_uses_the_models_special_ids_not_the_defaults():
+    """A model whose <pad>, <bos> and <eos> are not ids 0, 2, 3: beam 1 must still be greedy search, exactly."""
+    torch.manual_seed(0)
+    pad, bos, eos = 7, 5, 6
+    model = tl.Transformer(tl.TransformerConfig(src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4,
+                                                n_layers=2, d_ff=64, dropout=0.1, max_len=48, pad_id=pad))
+    src = torch.randint(8, 24, (4, 9))
+    src[1, 6:] = pad  # one padded sentence
+    greedy = greedy_decode(model, src, 20, bos, eos)
+    for k in (1, 3):
+        model.train()
+        out = tr.beam_search(model, src, beam_size=k, max_len=20, bos_id=bos, eos_id=eos)
+        assert model.training, "beam_search must leave the model in the mode it found it"
+        if k == 1:
+            assert torch.equal(out, greedy)
+        for row in out.tolist():  # after <eos> only the model's <pad>, never the default PAD_ID
+            if eos in row:
+                assert set(row[row.index(eos) + 1:]) <= {pad}
+    with torch.no_grad():  # the special ids change the result: the defaults would start from another token
+        assert not torch.equal(tr.beam_search(model, src, beam_size=1, max_len=20), greedy)
+
+
 def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
     model = small_model()
     src = torch.randint(4, 30, (8, 7))
@@ -190,5 +214,111 @@ def test_tiny_end_to_end_run_on_offline_multi30k(tmp_path, monkeypatch):
     pairs = tr.load_pairs("multi30k", "test")
     hyps = tr.translate(model, tokenizer, [s for s, _ in pairs[:150]], beam_size=1)
     scores = tr.corpus_scores(hyps, [t for _, t in pairs[:150]])
-    assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 150
+    references = [t for _, t in pairs[:150]]
+    assert scores["sentences"] == 150
+    # sacreBLEU's scores of these translations against their references (not the other way round: chrF weighs
+    # recall twice as much as precision, so swapping the two sides changes it).
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [references]).score)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [references]).score)
+    assert scores["chrf"] != pytest.approx(sacrebleu.corpus_chrf(references, [hyps]).score)
     assert all(isinstance(h, str) for h in hyps)
+
+
+# ---- reliability of a run: its folder, its settings, a diverged run, bad data ----
+
+WORDS = ["Hund", "Katze", "Mann", "Frau", "läuft", "spielt", "im", "Park", "auf", "der", "Straße", "schnell"]
+ENGLISH = ["dog", "cat", "man", "woman", "runs", "plays", "in", "park", "on", "the", "street", "fast"]
+
+
+def tiny_corpus(folder: Path, rows: int = 60) -> Path:
+    """A made-up Multi30k folder of short sentences: enough for a few training steps in seconds."""
+    generator = random.Random(0)
+    data = []
+    for _ in range(rows):
+        picks = [generator.randrange(len(WORDS)) for _ in range(generator.randint(2, 6))]
+        data.append({"de": " ".join(WORDS[i] for i in picks) + ".", "en": " ".join(ENGLISH[i] for i in picks) + "."})
+    return write_multi30k(folder, data)
+
+
+QUICK = {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "max_len": 32},
+         "training": {"vocab_size": 60, "max_tokens": 256, "checkpoint_every": 1}}
+
+
+def quick_run(out: Path, **kwargs) -> dict:
+    return tr.train_translator(out, preset="tiny", overrides=kwargs.pop("overrides", QUICK), max_steps=kwargs.pop(
+        "max_steps", 3), progress=False, **kwargs)
+
+
+def test_a_finished_run_is_refused_resumed_or_overwritten_but_never_silently_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    quick_run(out)
+    before = (out / "checkpoint.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        quick_run(out)
+    assert (out / "checkpoint.pt").read_bytes() == before
+    with pytest.raises(ValueError, match=r"seed=5 \(the run has 0\) would be ignored"):
+        tr.train_translator(out, resume=True, seed=5, max_steps=4, progress=False)
+    assert tr.train_translator(out, resume=True, max_steps=4, progress=False)["steps"] == 4
+    summary = quick_run(out, overwrite=True, max_steps=2)
+    assert summary["steps"] == 2 and tl.load_checkpoint(out / "checkpoint.pt")["state"]["step"] == 2
+    history = json.loads((out / "history.json").read_text(encoding="utf-8"))  # strict JSON
+    assert history["train_loss"][-1][0] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "history.json", "tokenizer.json"]
+
+
+def test_bad_settings_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    for overrides, message in [({"training": {"lr": 0.1}}, "did you mean 'lr_factor'"),
+                               ({"training": {"warmup": 0}}, "training.warmup must be a positive integer"),
+                               ({"model": {"norm_first": "no"}}, "model.norm_first must be true or false")]:
+        with pytest.raises(ValueError, match=message):
+            quick_run(tmp_path / "run", overrides=overrides)
+        assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="preset must be one of"):
+        tr.resolve_settings("huge")
+
+
+def test_a_diverged_run_stops_with_a_clear_error_and_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
+    import transformer_lib.training as training
+
+    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    calls, original = [], training.translation_loss
+
+    def diverging_loss(*args, **kwargs):  # what a far too high learning rate does, made certain: NaN from step 3
+        calls.append(1)
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if len(calls) >= 3 else loss
+
+    monkeypatch.setattr(training, "translation_loss", diverging_loss)
+    out = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match="training diverged at step 3: the loss is nan"):
+        quick_run(out, max_steps=10)  # QUICK writes a checkpoint after every step
+    checkpoint = tl.load_checkpoint(out / "checkpoint.pt")
+    assert checkpoint["state"]["step"] == 2
+    assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"", "is empty"), ('{"de": "M\u00e4dchen.", "en": "Girl."}\n'.encode("latin-1"), "is not UTF-8 text"),
+     (b'{"de": null, "en": "A dog."}\n', "row 0 of the corpus has de=None")],
+)
+def test_bad_corpus_files_are_named(tmp_path, monkeypatch, content, message):
+    (tmp_path / "multi30k").mkdir()
+    for split in tr.SPLITS:
+        (tmp_path / "multi30k" / f"{split}.jsonl").write_bytes(content)
+    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match=message):
+        tr.load_pairs("multi30k", "train")
+
+
+def test_empty_sentences_are_refused_and_a_toy_checkpoint_is_not_a_translator(tmp_path):
+    model = small_model()
+    tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    with pytest.raises(ValueError, match="sentence 1 is empty or only spaces"):
+        tr.translate(model, tokenizer, ["ein hund", "   "])
+    optimizer, scheduler = tl.make_optimizer(model, 32)
+    tl.save_checkpoint(tmp_path / "toy.pt", model, optimizer, scheduler, None, tl.TrainState())
+    with pytest.raises(ValueError, match="without its tokenizer"):
+        tr.load_translator(tmp_path / "toy.pt", "cpu")

@@ -33,8 +33,11 @@ def test_wheel_installs_alone_and_works(tmp_path):
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
     python = str(env / "bin" / "python")
-    # The CPU build of torch first, as .ci/run does, so that the lower bound is met without a CUDA download.
-    run(python, "-m", "pip", "install", "--quiet", "torch==2.13.0")
+    # The CPU build of torch first, as .ci/run does, so that the lower bound is met without a CUDA download: from
+    # PyTorch's CPU index, or from the configured indexes where that cannot be reached.
+    cpu_index = ["--timeout", "15", "--retries", "1", "--index-url", "https://download.pytorch.org/whl/cpu"]
+    if subprocess.run([python, "-m", "pip", "install", "--quiet", *cpu_index, "torch==2.13.0"]).returncode != 0:
+        run(python, "-m", "pip", "install", "--quiet", "torch==2.13.0")
     run(python, "-m", "pip", "install", "--quiet", str(wheels[0]))
     result = run(python, "-c", SMOKE, cwd=tmp_path)  # cwd outside the repository: the installed copy is used
     assert result.stdout.startswith("ok 0.1.0")

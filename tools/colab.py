@@ -1,10 +1,14 @@
-"""Keep every notebook's Colab install cell and GPU-runtime metadata in step with book/_config.yml.
+"""Keep every notebook's Colab install cell and runtime metadata in step with book/_config.yml.
 
     python tools/colab.py --sync             # rewrite the first cell and metadata of every book/*.ipynb
     python tools/colab.py --sync --branch student   # the same, installing from another branch
     python tools/colab.py --check            # exit 1, naming the notebooks, when one is out of step
 
-The repository URL lives once in book/_config.yml (repository.url and repository.branch); DESIGN.md, decision 9.
+The repository URL lives once in book/_config.yml (repository.url and repository.branch); see
+CONTRIBUTING.md, 'Colab install cell and runtime'.
+Only the notebooks that use a GPU (GPU_NOTEBOOKS) ask Colab for a GPU runtime; the others run on the CPU, and asking
+for a GPU there would only use up a learner's GPU quota. A notebook that needs an optional extra of the package
+(NOTEBOOK_EXTRAS, e.g. lightning) installs transformer-lib[extra] instead.
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ if "google.colab" in sys.modules:
     import subprocess
 
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "transformer-lib @ git+{url}@{branch}"],
+        [sys.executable, "-m", "pip", "install", "--quiet", "transformer-lib{extras} @ git+{url}@{branch}"],
         check=True,
     )'''
 
-COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
+# The notebooks that use a GPU: the translator and its heatmaps (chapters 8 and 9) and the performance appendix.
+GPU_NOTEBOOKS = frozenset({"08_translation.ipynb", "09_attention_heatmaps.ipynb", "appendix_performance.ipynb"})
+GPU_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
+# Optional extras of the package (pyproject.toml) that a notebook needs, installed with it in Colab.
+NOTEBOOK_EXTRAS = {"appendix_lightning.ipynb": ("lightning",)}
 KERNEL_METADATA = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
@@ -47,19 +55,19 @@ def repository(config_path: Path = BOOK / "_config.yml") -> tuple[str, str]:
     return repo["url"].rstrip("/"), repo.get("branch", "main")
 
 
-def install_cell_source(url: str, branch: str) -> str:
-    """The exact source of the Colab install cell for a repository URL and branch."""
-    return INSTALL_TEMPLATE.format(url=url, branch=branch)
+def install_cell_source(url: str, branch: str, extras: tuple[str, ...] = ()) -> str:
+    """The exact source of the Colab install cell for a repository URL and branch (and the package's extras)."""
+    return INSTALL_TEMPLATE.format(url=url, branch=branch, extras=f"[{','.join(extras)}]" if extras else "")
 
 
-def install_cell(url: str, branch: str) -> dict:
+def install_cell(url: str, branch: str, extras: tuple[str, ...] = ()) -> dict:
     return {
         "cell_type": "code",
         "execution_count": None,
         "id": "colab-install",
         "metadata": {"tags": [INSTALL_TAG]},
         "outputs": [],
-        "source": install_cell_source(url, branch).splitlines(keepends=True),
+        "source": install_cell_source(url, branch, extras).splitlines(keepends=True),
     }
 
 
@@ -69,30 +77,49 @@ def is_install_cell(cell: dict) -> bool:
     ).get("tags", [])
 
 
-def problems(notebook: dict, url: str, branch: str) -> list[str]:
-    """What is out of step in one notebook: its install cell and its metadata."""
+def wants_gpu(path: Path | str) -> bool:
+    """True for the notebooks that use a GPU and so ask Colab for a GPU runtime."""
+    return Path(path).name in GPU_NOTEBOOKS
+
+
+def extras_for(path: Path | str) -> tuple[str, ...]:
+    """The package extras a notebook's install cell adds, e.g. ("lightning",); none for most notebooks."""
+    return NOTEBOOK_EXTRAS.get(Path(path).name, ())
+
+
+def problems(notebook: dict, url: str, branch: str, gpu: bool = False, extras: tuple[str, ...] = ()) -> list[str]:
+    """What is out of step in one notebook: its install cell and its metadata (a GPU runtime if and only if gpu)."""
     found = []
     cells = notebook["cells"]
     if not cells or not is_install_cell(cells[0]):
         found.append("the first cell is not the Colab install cell tagged remove-cell")
-    elif "".join(cells[0]["source"]) != install_cell_source(url, branch):
-        found.append(f"the install cell does not install from {url}@{branch}")
+    elif "".join(cells[0]["source"]) != install_cell_source(url, branch, extras):
+        wanted = f"transformer-lib[{','.join(extras)}]" if extras else "transformer-lib"
+        found.append(f"the install cell does not install {wanted} from {url}@{branch}")
     if sum(is_install_cell(cell) for cell in cells) > 1:
         found.append("more than one install cell")
     meta = notebook.get("metadata", {})
-    if meta.get("accelerator") != "GPU" or meta.get("colab", {}).get("gpuType") != "T4":
+    asks_for_gpu = meta.get("accelerator") == "GPU" and meta.get("colab", {}).get("gpuType") == "T4"
+    if gpu and not asks_for_gpu:
         found.append("the metadata does not ask Colab for a GPU runtime")
+    if not gpu and ("accelerator" in meta or "gpuType" in meta.get("colab", {})):
+        found.append("the metadata asks Colab for a GPU runtime, but the notebook runs on the CPU")
     return found
 
 
 def sync_notebook(path: Path, url: str, branch: str) -> bool:
-    """Put the install cell first and the GPU metadata in; return True when the file changed."""
+    """Put the install cell first and the runtime metadata in (a GPU only for GPU_NOTEBOOKS); True if it changed."""
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     cells = [cell for cell in notebook["cells"] if not is_install_cell(cell)]
-    notebook["cells"] = [install_cell(url, branch), *cells]
+    notebook["cells"] = [install_cell(url, branch, extras_for(path)), *cells]
     meta = notebook.setdefault("metadata", {})
-    meta.update(json.loads(json.dumps(COLAB_METADATA)))
+    if wants_gpu(path):
+        meta.update(json.loads(json.dumps(GPU_METADATA)))
+    else:  # a CPU notebook: no accelerator, and Colab's own bookkeeping (provenance) kept
+        meta.pop("accelerator", None)
+        meta["colab"] = {key: value for key, value in meta.get("colab", {}).items() if key != "gpuType"}
+        meta["colab"].setdefault("provenance", [])
     meta["kernelspec"] = KERNEL_METADATA
     meta.setdefault("language_info", {"name": "python"})
     new_text = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
@@ -118,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             if sync_notebook(path, url, branch):
                 print(f"synced {path.name}")
         else:
-            for problem in problems(json.loads(path.read_text(encoding="utf-8")), url, branch):
+            notebook = json.loads(path.read_text(encoding="utf-8"))
+            for problem in problems(notebook, url, branch, wants_gpu(path), extras_for(path)):
                 print(f"{path.name}: {problem}")
                 failed = True
     return 1 if failed else 0

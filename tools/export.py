@@ -1,23 +1,44 @@
-"""Write the book's `#| export` cells into the transformer_lib package (DESIGN.md, decision 2).
+"""Write the book's `#| export` cells into the transformer_lib package (CONTRIBUTING.md, 'Generated and hand-written code').
 
     python tools/export.py          # regenerate transformer_lib/<module>.py from book/*.ipynb
     python tools/export.py --check  # exit 1, naming the files, when the package differs from the notebooks
+    python tools/export.py --force  # regenerate even over a generated file that was edited by hand
 
 A notebook names its module once, in a code cell whose leading comment lines include `#| default_exp NAME`.
 Every code cell whose leading comment lines include `#| export` is copied, in notebook order and without its
-`#|` lines, into transformer_lib/NAME.py under a header that names the notebook to edit.
+`#|` lines, into transformer_lib/NAME.py under a header that names the notebook to edit. Any other `#|` directive
+is an error: a misspelt `#| exprot` would otherwise drop its cell from the package without a word.
+
+Each copied cell is preceded by a marker line in the style of nbdev, `# %% ../book/03_attention.ipynb 12`: the
+notebook (relative to the module) and the cell's index in it, counted from 0 over all cells, markdown included, as
+nbformat counts them. A traceback that points into a generated module thus leads to the cell to change: the
+nearest marker above the line. The header also records a hash of everything below it, so the exporter can tell a
+generated file that was edited by hand; it refuses to overwrite one (naming the cells whose code was changed)
+unless `--force` says the edit may be discarded.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
 PACKAGE = ROOT / "transformer_lib"
+
+DIRECTIVES = ("default_exp", "export")
+GENERATED = "# Generated from book/"  # the first line of every generated module
+HASH_PREFIX = "# sha256 of everything below this line: "
+MARKER = re.compile(r"^# %% \.\./book/(?P<notebook>[^ ]+\.ipynb) (?P<cell>\d+)$", re.MULTILINE)
+
+
+class HandEditedError(RuntimeError):
+    """A generated module was changed by hand since the exporter wrote it."""
 
 
 def _directives(source: str) -> tuple[list[str], str]:
@@ -38,6 +59,10 @@ def _title(cells: list[dict]) -> str:
     return ""
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def export_notebook(path: Path) -> tuple[str, str] | None:
     """Return (module name, module source) for one notebook, or None when it exports nothing."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -47,27 +72,38 @@ def export_notebook(path: Path) -> tuple[str, str] | None:
             continue
         directives, code = _directives("".join(cell["source"]))
         for directive in directives:
-            if directive.startswith("default_exp"):
-                name = directive.split(maxsplit=1)[1] if len(directive.split()) == 2 else ""
-                if not name.isidentifier():
+            name = directive.split(maxsplit=1)[0] if directive else ""
+            if name not in DIRECTIVES:
+                close = difflib.get_close_matches(name, DIRECTIVES, n=1)
+                hint = f"; did you mean `#| {close[0]}`?" if close else ""
+                raise ValueError(f"{path.name}, cell {index}: unknown directive `#| {directive}`: the exporter knows "
+                                 f"{', '.join(f'`#| {d}`' for d in DIRECTIVES)}{hint}")
+            if name == "default_exp":
+                words = directive.split()
+                target = words[1] if len(words) == 2 else ""
+                if not target.isidentifier():
                     raise ValueError(f"{path.name}, cell {index}: `#| default_exp` needs one module name, got {directive!r}")
-                if module is not None and module != name:
-                    raise ValueError(f"{path.name} names two modules: {module!r} and {name!r}")
-                module = name
+                if module is not None and module != target:
+                    raise ValueError(f"{path.name} names two modules: {module!r} and {target!r}")
+                module = target
+            elif directive != "export":
+                raise ValueError(f"{path.name}, cell {index}: `#| export` takes no argument, got `#| {directive}`")
         if "export" in directives and code:
             if "solution" in cell.get("metadata", {}).get("tags", []):
                 raise ValueError(f"{path.name}, cell {index}: a solution cell must not be exported")
-            blocks.append(code)
+            blocks.append(f"# %% ../book/{path.name} {index}\n{code}")
     if not blocks:
         return None
     if module is None:
         raise ValueError(f"{path.name} has `#| export` cells but no `#| default_exp NAME` cell")
+    body = f'"""{_title(cells) or module}: the pieces built in book/{path.name}."""\n\n' + "\n\n\n".join(blocks) + "\n"
     header = (
-        f"# Generated from book/{path.name} by tools/export.py: do not edit this file.\n"
-        f"# Edit the notebook's `#| export` cells instead, then run `python tools/export.py`.\n"
-        f'"""{_title(cells) or module}: the pieces built in book/{path.name}."""\n'
+        f"{GENERATED}{path.name} by tools/export.py: do not edit this file.\n"
+        f"# Edit the notebook's `#| export` cells instead (each `# %%` line below names its cell), then run\n"
+        f"# `python tools/export.py`.\n"
+        f"{HASH_PREFIX}{_digest(body)}\n"
     )
-    return module, header + "\n" + "\n\n\n".join(blocks) + "\n"
+    return module, header + body
 
 
 def export_book(book: Path = BOOK) -> dict[str, str]:
@@ -86,35 +122,99 @@ def export_book(book: Path = BOOK) -> dict[str, str]:
     return modules
 
 
+def _sections(source: str) -> dict[str, str]:
+    """The code under each `# %%` marker of a generated module, keyed by the marker line."""
+    starts = list(MARKER.finditer(source))
+    return {m.group(0): source[m.end():(starts[i + 1].start() if i + 1 < len(starts) else len(source))].strip("\n")
+            for i, m in enumerate(starts)}
+
+
+def hand_edits(current: str, expected: str) -> list[str] | None:
+    """None if `current` is as the exporter wrote it (whatever the notebooks say now); otherwise the places edited.
+
+    A generated file whose hash line no longer matches what follows it was edited by hand. The places named are the
+    cells whose code in the file differs from what the notebooks export now (the file's other sections are intact),
+    or "its header" when only the docstring or header changed.
+    """
+    lines = current.split("\n")
+    hash_line = next((i for i, line in enumerate(lines[:6]) if line.startswith(HASH_PREFIX)), None)
+    if hash_line is None:
+        return ["its header (no hash line: written by an older exporter or by hand)"]
+    recorded = lines[hash_line][len(HASH_PREFIX):].strip()
+    if _digest("\n".join(lines[hash_line + 1:])) == recorded:
+        return None
+    now = _sections(expected)
+    places = []
+    for marker, code in _sections(current).items():
+        if now.get(marker) != code:
+            match = MARKER.match(marker)
+            places.append(f"book/{match['notebook']}, cell {match['cell']}")
+    return places or ["its header or docstring"]
+
+
 def differences(book: Path = BOOK, package: Path = PACKAGE) -> list[str]:
     """The generated files that are missing or differ in the package, plus stale generated files."""
     expected = export_book(book)
-    problems = [
-        name
-        for name, source in expected.items()
-        if not (package / name).exists() or (package / name).read_text(encoding="utf-8") != source
-    ]
+    problems = []
+    for name, source in expected.items():
+        path = package / name
+        if not path.exists():
+            problems.append(name)
+        elif path.read_text(encoding="utf-8") != source:
+            edits = hand_edits(path.read_text(encoding="utf-8"), source)
+            problems.append(name if edits is None else f"{name} (edited by hand: {'; '.join(edits)})")
     for path in sorted(package.glob("*.py")):
         first = path.read_text(encoding="utf-8").split("\n", 1)[0]
-        if first.startswith("# Generated from book/") and path.name not in expected:
+        if first.startswith(GENERATED) and path.name not in expected:
             problems.append(f"{path.name} (generated, but no notebook exports it any more)")
     return problems
+
+
+def write_package(book: Path = BOOK, package: Path = PACKAGE, force: bool = False) -> list[str]:
+    """Write every generated module; refuse, before writing anything, to overwrite a module edited by hand."""
+    expected = export_book(book)
+    if not force:
+        refused = []
+        for name, source in expected.items():
+            path = package / name
+            if path.exists() and path.read_text(encoding="utf-8") != source:
+                edits = hand_edits(path.read_text(encoding="utf-8"), source)
+                if edits is not None:
+                    refused.append(f"transformer_lib/{name}: {'; '.join(edits)}")
+        if refused:
+            raise HandEditedError(
+                "generated modules were edited by hand; exporting would discard the edits:\n  " + "\n  ".join(refused)
+                + "\nmove each change into the notebook cell named (the `# %%` line above the code), "
+                "or run `python tools/export.py --force` to discard them")
+    written = []
+    for name, source in expected.items():
+        path = package / name
+        if not path.exists() or path.read_text(encoding="utf-8") != source:
+            path.write_text(source, encoding="utf-8")
+            written.append(name)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only report differences; exit 1 if there are any")
+    parser.add_argument("--force", action="store_true", help="overwrite generated modules even if edited by hand")
     args = parser.parse_args(argv)
-    if args.check:
-        problems = differences()
-        for problem in problems:
-            print(f"out of date: transformer_lib/{problem}")
-        if problems:
-            print("run `python tools/export.py` and commit the result")
-        return 1 if problems else 0
-    for name, source in export_book().items():
-        (PACKAGE / name).write_text(source, encoding="utf-8")
+    try:
+        if args.check:
+            problems = differences()
+            for problem in problems:
+                print(f"out of date: transformer_lib/{problem}")
+            if problems:
+                print("run `python tools/export.py` and commit the result")
+            return 1 if problems else 0
+        written = write_package(force=args.force)
+    except (ValueError, HandEditedError) as error:
+        print(f"tools/export.py: {error}", file=sys.stderr)
+        return 1
+    for name in written:
         print(f"wrote transformer_lib/{name}")
+    print(f"{len(written)} module(s) written" if written else "the package is up to date")
     return 0
 
 

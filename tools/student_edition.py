@@ -1,4 +1,5 @@
-"""Make the student edition of the book: the same repository with every solution removed (DESIGN.md, decision 10).
+"""Make the student edition of the book: the same repository with every solution removed
+(CONTRIBUTING.md, 'Exercises and the student edition').
 
     python tools/student_edition.py --out DIR [--branch student] [--build]
                                    [--url URL] [--clear-all-outputs] [--force] [--include-untracked] [--repo PATH]
@@ -15,9 +16,9 @@
      `raise NotImplementedError("Exercise: write your solution here")`, indented like the markers, and tags the
      cell `raises-exception` so that the book still builds;
    - clears every output and execution count, except in the notebooks that the build does not execute
-     (execute.exclude_patterns: the GPU chapters, whose stored outputs come from a real GPU run, DESIGN.md
-     decision 6); there only the outputs of removed cells and of stubbed cells go. --clear-all-outputs clears
-     those too;
+     (execute.exclude_patterns: chapters 8 and 9, whose stored outputs come from their latest recorded full run; see
+     CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9'); there only the outputs of removed cells and of stubbed
+     cells go. --clear-all-outputs clears those too;
    - points the Colab install cell at the branch given by --branch (tools/colab.py).
 3. Sets repository.branch in DIR/book/_config.yml to that branch (and repository.url to --url, when the edition
    is published in another repository), so that the launch buttons open the student notebooks; adds a banner to

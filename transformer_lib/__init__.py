@@ -2,7 +2,8 @@
 
 The modules named after chapters (embedding, positional, attention, masks, multihead, model, training, translation,
 attention_maps) are generated from the book's notebooks by tools/export.py; runtime, checks, distributed (training
-under torchrun) and cli (the command line, `python -m transformer_lib`) are written by hand.
+under torchrun), runs (safe files, settings checks, clear errors) and cli (the command line, `python -m
+transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
@@ -16,6 +17,7 @@ from transformer_lib.embedding import (
     check_token_ids,
     pad_batch,
     train_bpe_tokenizer,
+    train_word_tokenizer,
 )
 from transformer_lib.masks import causal_mask, padding_mask, target_mask
 from transformer_lib.model import (
@@ -31,7 +33,7 @@ from transformer_lib.model import (
 )
 from transformer_lib.multihead import MultiHeadAttention
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
-from transformer_lib.runtime import get_device, is_smoke, smoke_or
+from transformer_lib.runtime import get_device, is_smoke, smoke_or  # the smoke switch: the book's, not in __all__
 from transformer_lib.training import (
     TrainState,
     greedy_decode,
@@ -51,7 +53,7 @@ from transformer_lib.translation import (
     translate,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
 __all__ = [
     "BOS_ID",
@@ -80,7 +82,6 @@ __all__ = [
     "count_parameters",
     "get_device",
     "greedy_decode",
-    "is_smoke",
     "load_checkpoint",
     "load_pairs",
     "load_translator",
@@ -91,10 +92,10 @@ __all__ = [
     "save_checkpoint",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
-    "smoke_or",
     "target_mask",
     "train",
     "train_bpe_tokenizer",
+    "train_word_tokenizer",
     "train_translator",
     "translate",
     "translation_loss",

@@ -1,16 +1,47 @@
-"""The command line: python -m transformer_lib train|translate|evaluate (hand-written; the book teaches the pieces)."""
+"""The command line: python -m transformer_lib train|translate|evaluate (hand-written; the book teaches the pieces).
+
+Imports are at the top: `python -m transformer_lib` imports the package, and with it these modules, first anyway.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import traceback
 from pathlib import Path
+
+import torch
+
+from transformer_lib.distributed import is_main_process
+from transformer_lib.runs import (
+    DivergedError,
+    atomic_write_text,
+    check_run_folder,
+    merge_settings,
+    read_settings_file,
+    read_text,
+    validate_settings,
+)
+from transformer_lib.training import load_checkpoint
+from transformer_lib.translation import (
+    CORPORA,
+    PRESETS,
+    SPLITS,
+    corpus_scores,
+    load_pairs,
+    load_translator,
+    train_translator,
+    translate,
+)
+
+MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
+RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
 
 EPILOG = """examples:
   python -m transformer_lib train --preset multi30k --out runs/de-en
   python -m transformer_lib train --preset tiny --max-steps 200 --train-limit 2000 --out runs/tiny
   python -m transformer_lib train --out runs/de-en --resume
+  python -m transformer_lib train --preset tiny --max-steps 200 --out runs/tiny --overwrite
   torchrun --standalone --nproc_per_node=2 -m transformer_lib train --preset tiny --max-steps 200 --out runs/ddp
   python -m transformer_lib translate --checkpoint runs/de-en "Ein Mann fährt Fahrrad."
   echo "Zwei Hunde spielen im Schnee." | python -m transformer_lib translate --checkpoint runs/de-en
@@ -37,133 +68,243 @@ def _positive(value: str) -> int:
     return number
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from transformer_lib.translation import CORPORA, PRESETS, SPLITS
+def _beam(value: str) -> int:
+    number = _positive(value)
+    if number > MAX_BEAM:
+        raise argparse.ArgumentTypeError(f"expected a beam size from 1 to {MAX_BEAM}, got {value!r}")
+    return number
 
+
+class UsageError(Exception):
+    """A wrong combination of command-line arguments: reported with the usage line and exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lib",
         description="Train, run and score the book's encoder-decoder Transformer.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+    debug = argparse.ArgumentParser(add_help=False)  # --debug also after the command
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of any error")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,translate,evaluate}")
 
-    train = commands.add_parser("train", help="train a translator and save checkpoint.pt, tokenizer.json, history.json")
-    train.add_argument("--preset", choices=sorted(PRESETS), default="multi30k", help="model and training sizes (default: %(default)s)")
+    train = commands.add_parser("train", parents=[debug], help="train a translator and save checkpoint.pt, tokenizer.json, history.json")
+    train.add_argument("--preset", choices=sorted(PRESETS), help="model and training sizes (default: multi30k)")
     train.add_argument("--config", type=_existing_file, help='JSON file overriding the preset: {"model": {...}, "training": {...}}')
-    train.add_argument("--corpus", choices=sorted(CORPORA), default="multi30k", help="default: %(default)s")
+    train.add_argument("--corpus", choices=sorted(CORPORA), help="default: multi30k")
     train.add_argument("--corpus-config", help="opus_books language pair as the Hub names it, e.g. en-it")
-    train.add_argument("--src", default="de", help="source language (default: %(default)s)")
-    train.add_argument("--tgt", default="en", help="target language (default: %(default)s)")
+    train.add_argument("--src", help="source language (default: de)")
+    train.add_argument("--tgt", help="target language (default: en)")
     length = train.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps")
     length.add_argument("--epochs", type=_positive, help="stop after this many passes over the data")
     train.add_argument("--train-limit", type=_positive, help="use only the first N training pairs (quick runs)")
     train.add_argument("--out", type=Path, required=True, help="run folder for checkpoint, tokenizer and history")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run saved in --out, with its saved settings, data and seed")
+    train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
-    train.add_argument("--seed", type=int, default=0, help="default: %(default)s")
+    train.add_argument("--seed", type=int, help="default: 0")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    translate = commands.add_parser("translate", help="translate sentences given as arguments or on standard input")
+    translate = commands.add_parser("translate", parents=[debug], help="translate sentences given as arguments or on standard input")
     translate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
-    translate.add_argument("--beam", type=_positive, default=4, help="beam size; 1 is greedy search (default: %(default)s)")
+    translate.add_argument("--beam", type=_beam, default=4, help=f"beam size from 1 (greedy search) to {MAX_BEAM} (default: %(default)s)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
 
-    evaluate = commands.add_parser("evaluate", help="corpus BLEU and chrF with sacreBLEU")
+    evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
     evaluate.add_argument("--checkpoint", type=Path, help="checkpoint.pt or the run folder holding it")
     evaluate.add_argument("--split", choices=SPLITS, help="score the checkpoint's own corpus split")
     evaluate.add_argument("--src-file", type=_existing_file, help="source sentences, one per line")
     evaluate.add_argument("--hyp-file", type=_existing_file, help="translations already made, one per line")
     evaluate.add_argument("--ref-file", type=_existing_file, help="reference translations, one per line")
-    evaluate.add_argument("--beam", type=_positive, default=4, help="beam size (default: %(default)s)")
-    evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file")
+    evaluate.add_argument("--beam", type=_beam, default=4, help=f"beam size from 1 to {MAX_BEAM} (default: %(default)s)")
+    evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file (not one of the inputs)")
+    for command, handler in ((train, cmd_train), (translate, cmd_translate), (evaluate, cmd_evaluate)):
+        command.set_defaults(handler=handler, parser=command)
     return parser
 
 
-def _read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
+def _read_lines(path: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not."""
+    text = read_text(path, what)
+    if not text:
+        raise ValueError(f"{what} {str(path)!r} is empty; expected one sentence per line")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _refuse_empty(sentences: list[str], where: str) -> None:
+    for number, sentence in enumerate(sentences, 1):
+        if not sentence.strip():
+            raise ValueError(f"{where} {number} is empty; there is nothing to translate, so give text or remove it")
 
 
 def _load(checkpoint: Path):
-    from transformer_lib.translation import load_translator
-
     if not checkpoint.exists():
-        raise SystemExit(f"error: --checkpoint {str(checkpoint)!r} does not exist")
-    return load_translator(checkpoint)
+        raise FileNotFoundError(f"--checkpoint {str(checkpoint)!r} does not exist; give a run folder written by "
+                                f"`train` or the checkpoint.pt inside it")
+    try:
+        return load_translator(checkpoint)
+    except KeyError as error:
+        raise ValueError(f"{checkpoint} is a checkpoint without {error} (a chapter 7 model?); translate and evaluate "
+                         f"need a run folder written by `python -m transformer_lib train`") from None
+
+
+def _train_settings(args: argparse.Namespace) -> tuple[dict | None, str]:
+    """The --config overrides and the preset, checked before anything is written."""
+    preset = args.preset or "multi30k"
+    overrides = read_settings_file(args.config) if args.config else None
+    validate_settings(merge_settings(PRESETS[preset], overrides, source=f"--config {args.config}"), PRESETS[preset])
+    return overrides, preset
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from transformer_lib.distributed import is_main_process
-    from transformer_lib.translation import train_translator
-
-    overrides = json.loads(args.config.read_text(encoding="utf-8")) if args.config else None
-    if args.resume and not (args.out / "checkpoint.pt").is_file():
-        raise SystemExit(f"error: --resume needs {args.out / 'checkpoint.pt'}, which does not exist")
+    if args.resume:
+        given = [f"--{name.replace('_', '-')}" for name in RESUME_FIXED if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"--resume continues the run in {args.out} with its saved settings, data and seed, so "
+                             f"{', '.join(given)} would be ignored; drop {'them' if len(given) > 1 else 'it'}, or start "
+                             f"a new run (another --out, or --overwrite)")
+        overrides, preset = None, "multi30k"
+    else:
+        overrides, preset = _train_settings(args)
+    check_run_folder(args.out, args.resume, args.overwrite)
     summary = train_translator(
-        args.out, corpus=args.corpus, src_lang=args.src, tgt_lang=args.tgt, corpus_config=args.corpus_config,
-        preset=args.preset, overrides=overrides, max_steps=args.max_steps, epochs=args.epochs,
-        train_limit=args.train_limit, resume=args.resume, compile=args.compile, seed=args.seed,
-        progress=not args.no_progress,
+        args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
+        corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
+        epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
+        compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
     )
     if not is_main_process():  # under torchrun, rank 0 speaks for all processes
         return 0
-    last = summary["history"][-1][1] if summary["history"] else float("nan")
+    last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
-    print(f"trained {summary['steps']} steps on {where}; last logged loss {last:.3f}; saved in {args.out}")
+    print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
     return 0
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
-    from transformer_lib.translation import translate
+def _stdin_sentences() -> list[str]:
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
+                         f"convert it, e.g. with `iconv -f latin1 -t utf-8`") from None
+    lines = [line.strip() for line in text.splitlines()]
+    skipped = [str(number) for number, line in enumerate(lines, 1) if not line]
+    if skipped and len(skipped) < len(lines):
+        print(f"note: skipped {len(skipped)} empty line{'s' if len(skipped) > 1 else ''} of standard input "
+              f"(line {', '.join(skipped[:10])}{', ...' if len(skipped) > 10 else ''})", file=sys.stderr)
+    return [line for line in lines if line]
 
-    sentences = args.sentences or [line.strip() for line in sys.stdin if line.strip()]
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    if args.sentences:
+        _refuse_empty(args.sentences, "sentence")
+        sentences = args.sentences
+    else:
+        sentences = _stdin_sentences()
     if not sentences:
-        raise SystemExit("error: no sentences: give them as arguments or one per line on standard input")
+        raise UsageError("no sentences: give them as arguments or one per line on standard input")
     model, tokenizer = _load(args.checkpoint)
     for line in translate(model, tokenizer, sentences, beam_size=args.beam):
         print(line)
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from transformer_lib.translation import corpus_scores, load_pairs, translate
-    from transformer_lib.training import load_checkpoint
+def _check_save_hyp(args: argparse.Namespace) -> None:
+    """--save-hyp must not be a folder or one of the input files, which it would overwrite."""
+    if args.save_hyp is None:
+        return
+    if args.save_hyp.is_dir():
+        raise ValueError(f"--save-hyp {str(args.save_hyp)!r} is a folder; give a file name for the translations")
+    for flag in ("src_file", "ref_file", "hyp_file"):
+        given = getattr(args, flag)
+        if given is not None and args.save_hyp.exists() and args.save_hyp.samefile(given):
+            raise ValueError(f"--save-hyp {str(args.save_hyp)!r} is the --{flag.replace('_', '-')} and would be "
+                             f"overwritten; give another file name for the translations")
 
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    _check_save_hyp(args)
     if args.hyp_file:
         if not args.ref_file or args.src_file or args.split or args.checkpoint:
-            raise SystemExit("error: --hyp-file goes with --ref-file alone")
-        hypotheses, references = _read_lines(args.hyp_file), _read_lines(args.ref_file)
+            raise UsageError("--hyp-file goes with --ref-file alone")
+        hypotheses, references = _read_lines(args.hyp_file, "--hyp-file"), _read_lines(args.ref_file, "--ref-file")
     else:
         if args.checkpoint is None:
-            raise SystemExit("error: give --checkpoint with --split or with --src-file/--ref-file, or --hyp-file with --ref-file")
+            raise UsageError("give --checkpoint with --split or with --src-file/--ref-file, or --hyp-file with --ref-file")
         if bool(args.split) == bool(args.src_file):
-            raise SystemExit("error: give either --split or --src-file (with --ref-file), not both and not neither")
+            raise UsageError("give either --split or --src-file (with --ref-file), not both and not neither")
         if args.src_file and not args.ref_file:
-            raise SystemExit("error: --src-file needs --ref-file")
-        model, tokenizer = _load(args.checkpoint)
+            raise UsageError("--src-file needs --ref-file")
         if args.split:
+            model, tokenizer = _load(args.checkpoint)
             path = args.checkpoint / "checkpoint.pt" if args.checkpoint.is_dir() else args.checkpoint
-            run = load_checkpoint(path)["extra"]["run"]
+            run = load_checkpoint(path)["extra"].get("run")
+            if run is None:
+                raise ValueError(f"{path} does not say which corpus it was trained on; use --src-file and --ref-file")
             pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
         else:
-            sources, references = _read_lines(args.src_file), _read_lines(args.ref_file)
-        if len(sources) != len(references):
-            raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
+            sources, references = _read_lines(args.src_file, "--src-file"), _read_lines(args.ref_file, "--ref-file")
+            _refuse_empty(sources, f"--src-file {args.src_file}: line")
+            if len(sources) != len(references):
+                raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
+                                 f"must pair up line by line")
+            model, tokenizer = _load(args.checkpoint)
         hypotheses = translate(model, tokenizer, sources, beam_size=args.beam)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
+                         f"line by line")
     if args.save_hyp:
-        args.save_hyp.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    try:
-        scores = corpus_scores(hypotheses, references)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        atomic_write_text(args.save_hyp, "\n".join(hypotheses) + "\n")
+    scores = corpus_scores(hypotheses, references)
     print(f"BLEU = {scores['bleu']:.2f}   ({scores['bleu_signature']})")
     print(f"chrF = {scores['chrf']:.2f}   ({scores['chrf_signature']})")
     print(f"on {scores['sentences']} sentences")
     return 0
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that report a user's mistake or their machine's limits, not a bug: shown as one line."""
+    return (ValueError, OSError, DivergedError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate}[args.command](args)
+    """Run one command; a user's mistake is one line `error: ...` on stderr and exit code 1 (2 for usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        args.parser.error(str(error))  # prints the usage line and the message, exits with 2
+    except KeyboardInterrupt as error:
+        if args.debug:
+            raise
+        resume = f"; continue with: python -m transformer_lib train --out {args.out} --resume" if (
+            args.command == "train" and (args.out / "checkpoint.pt").is_file()) else ""
+        print(f"interrupted{f' ({error})' if str(error) else ''}{resume}", file=sys.stderr)
+        return 130
+    except _user_errors() as error:
+        if args.debug:
+            raise
+        message = str(error)
+        if isinstance(error, OSError) and error.filename is not None and str(error.filename) not in message:
+            message = f"{message}: {error.filename}"
+        if type(error).__name__ == "OutOfMemoryError":
+            message = f"out of GPU memory ({message.splitlines()[0]}); lower training.max_tokens or the model size"
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        print("error: this is a bug in transformer_lib, not a mistake of yours; please report it with the traceback "
+              "above", file=sys.stderr)
+        return 1

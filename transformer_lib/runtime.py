@@ -30,3 +30,17 @@ def is_smoke() -> bool:
 def smoke_or(full, smoke):
     """Return `smoke` under TRANSFORMER_BOOK_SMOKE=1, else `full`: one place to shrink a heavy setting for CI."""
     return smoke if is_smoke() else full
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the operating system reports it (for records of where a run ran)."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

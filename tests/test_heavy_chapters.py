@@ -1,0 +1,125 @@
+"""Chapters 8 and 9 store the outputs of their latest full run
+(CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9'). These tests keep those outputs honest: they must come from
+the code as it is now, record where they ran, hold no error and no trace of a smoke run, show output wherever a cell
+prints or draws, say at the top where they come from, and stay small."""
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import run_heavy_chapters as heavy  # noqa: E402
+
+PATHS = [ROOT / "book" / name for name in heavy.HEAVY_CHAPTERS]
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def code_cells(notebook: dict) -> list[tuple[int, dict]]:
+    return [(i, c) for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_outputs_come_from_the_code_as_it_is(path):
+    record = load(path)["metadata"].get(heavy.RECORD_KEY, {}).get("run")
+    assert record, f"{path.name} has no run record: run python tools/run_heavy_chapters.py"
+    assert heavy.check([path]) == [], heavy.check([path])
+    for key in ("hardware", "python", "torch", "transformer_lib", "date", "wall_minutes", "code_hash"):
+        assert key in record, f"the run record lacks {key!r}"
+    assert {"device", "gpu", "cpu", "cores"} <= set(record["hardware"])
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_the_top_of_the_chapter_says_where_the_outputs_come_from(path):
+    notebook = load(path)
+    record = notebook["metadata"][heavy.RECORD_KEY]["run"]
+    notes = [c for c in notebook["cells"] if heavy.PROVENANCE_TAG in c.get("metadata", {}).get("tags", [])]
+    assert len(notes) == 1
+    assert "".join(notes[0]["source"]) == heavy.provenance_note(record)
+    first_code = next(i for i, c in code_cells(notebook) if "remove-cell" not in c.get("metadata", {}).get("tags", []))
+    assert notebook["cells"].index(notes[0]) < first_code, "the note must come before the chapter's code"
+    if record["hardware"]["gpu"] is None:  # a CPU run must never read as a GPU run
+        assert not re.search(r"\bGPU run\b", json.dumps(notebook)), "a CPU run that reads as a GPU run"
+        assert "on a GPU:" not in "".join(notes[0]["source"])
+
+
+def shows_something(source: str) -> bool:
+    """Whether a cell's own statements (not the bodies of the functions and classes it defines) print or draw."""
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    pending = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in {"print", "show", "show_heads", "display"}:
+                return True
+        pending.extend(child for child in ast.iter_child_nodes(node)
+                       if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+    return False
+
+
+def test_shows_something_looks_at_the_cell_not_at_its_functions():
+    assert shows_something("for i in range(3):\n    print(i)") and shows_something("plt.show()")
+    assert not shows_something("def f():\n    print(1)\n\n\nx = f")
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_every_cell_that_prints_or_draws_has_output(path):
+    for index, cell in code_cells(load(path)):
+        if shows_something("".join(cell["source"])) and "remove-cell" not in cell.get("metadata", {}).get("tags", []):
+            assert cell["outputs"], f"{path.name}, cell {index} prints or draws but stored no output"
+
+
+def test_the_recorded_run_is_one_run_and_stays_small():
+    records = [load(path)["metadata"][heavy.RECORD_KEY]["run"] for path in PATHS]
+    assert records[0]["hardware"] == records[1]["hardware"], "chapter 9 must read chapter 8's run, on one machine"
+    total = sum(path.stat().st_size for path in PATHS)
+    assert total < 5 * 2**20, f"the two notebooks hold {total / 2**20:.1f} MB; keep them under 5 MB"
+    for path in PATHS:
+        for _, cell in code_cells(load(path)):
+            for output in cell["outputs"]:
+                text = "".join(output.get("text", ""))
+                assert "\r" not in text, "progress bars must be stored as a terminal shows them"
+                assert len(text.splitlines()) < 200, "an output of hundreds of lines: a progress bar not collapsed?"
+
+
+def test_the_check_catches_what_it_must(tmp_path):
+    notebook = load(PATHS[0])
+    broken = tmp_path / PATHS[0].name
+    first = code_cells(notebook)[1][1]
+    first["source"] = "".join(first["source"]) + "\n# changed after the run"
+    first["outputs"] = first["outputs"] + [{"output_type": "stream", "name": "stdout", "text": "smoke run of this chapter"}]
+    broken.write_text(json.dumps(notebook), encoding="utf-8")
+    bar = [{"output_type": "stream", "name": "stderr", "text": f"training: {i}%"} for i in range(100)]
+    code_cells(notebook)[2][1]["outputs"] += bar
+    broken.write_text(json.dumps(notebook), encoding="utf-8")
+    problems = " ".join(heavy.check([broken]))
+    assert "changed after the recorded run" in problems and "smoke-run marker" in problems
+    assert "a progress bar was not collapsed" in problems
+
+
+def test_a_progress_bar_sent_in_many_outputs_is_stored_as_one_line():
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell("train()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="start\n")]
+    cell.outputs += [nbformat.v4.new_output("stream", name="stderr", text=f"\rtraining: {i}%") for i in range(0, 101, 10)]
+    cell.outputs += [nbformat.v4.new_output("stream", name="stderr", text="\n"),
+                     nbformat.v4.new_output("stream", name="stdout", text="done\n")]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    heavy.tidy_outputs(notebook)
+    assert [(o["name"], o["text"]) for o in notebook.cells[0].outputs] == [
+        ("stdout", "start\n"), ("stderr", "training: 100%\n"), ("stdout", "done\n")]
+
+
+def test_carriage_returns_collapse_like_a_terminal():
+    assert heavy.collapse_carriage_returns("a 1%\ra 50%\ra 100%\nnext\n") == "a 100%\nnext\n"
+    assert heavy.collapse_carriage_returns("plain\n") == "plain\n"

@@ -1,0 +1,371 @@
+"""Runs that survive kills, bad files and bad settings: transformer_lib.runs and its use in training and the model."""
+
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib import runs
+from transformer_lib.training import (
+    autocast_dtype,
+    load_checkpoint,
+    make_optimizer,
+    resume_training,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32)
+
+
+def copy_batches(epoch: int):
+    """Four batches of a copy task, the same for the same epoch."""
+    generator = torch.Generator().manual_seed(1000 + epoch)
+    batches = []
+    for _ in range(4):
+        body = torch.randint(4, 20, (16, 6), generator=generator)
+        tgt = torch.cat([torch.full((16, 1), tl.BOS_ID), body, torch.full((16, 1), tl.EOS_ID)], dim=1)
+        batches.append((body, tgt))
+    return batches
+
+
+def fresh(seed: int = 0):
+    torch.manual_seed(seed)
+    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.1))
+    return (model, *make_optimizer(model, 32, warmup=50, factor=0.25))
+
+
+# ---- atomic files ----
+
+
+def test_a_failure_inside_a_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    train(model, copy_batches, optimizer, scheduler, max_steps=3, checkpoint_path=path, progress=False)
+    before = path.read_bytes()
+
+    def half_then_crash(obj, file, *args, **kwargs):
+        file.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_crash)
+    with pytest.raises(OSError, match="No space left"):
+        train(model, copy_batches, optimizer, scheduler, max_steps=5, checkpoint_path=path, progress=False,
+              state=resume_training(load_checkpoint(path), model, optimizer, scheduler))
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # the old checkpoint, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no temporary file left behind
+    assert load_checkpoint(path)["state"]["step"] == 3
+
+
+KILL_SCRIPT = """
+import os, sys, torch
+import transformer_lib as tl
+from transformer_lib.training import load_checkpoint, make_optimizer, resume_training, train
+
+path = os.path.join(sys.argv[1], "checkpoint.pt")
+torch.manual_seed(0)
+model = tl.Transformer(tl.TransformerConfig(src_vocab_size=2000, tgt_vocab_size=2000, d_model=64, n_heads=4,
+                                            n_layers=2, d_ff=256, max_len=16, dropout=0.0))
+optimizer, scheduler = make_optimizer(model, 64, warmup=10)
+state = resume_training(load_checkpoint(path), model, optimizer, scheduler) if os.path.exists(path) else None
+data = torch.randint(4, 2000, (8, 6), generator=torch.Generator().manual_seed(0))
+batches = [(data, torch.cat([torch.ones(8, 1, dtype=torch.long), data, torch.full((8, 1), 2)], dim=1))] * 4
+print("ready", state.step if state else 0, flush=True)
+train(model, lambda epoch: batches, optimizer, scheduler, max_steps=10**6, state=state, checkpoint_path=path,
+      checkpoint_every=1, progress=False)
+"""
+
+
+def test_sigkill_at_random_moments_of_saving_every_step_always_leaves_a_run_that_loads_and_resumes(tmp_path):
+    # A checkpoint of about 1.5 MB is written after every step, so a good share of the run's time is spent saving,
+    # and SIGKILL (which no program can catch) lands at random moments: inside torch.save, between fsync and rename,
+    # or between saves. Every time, the folder must hold a checkpoint that loads and resumes.
+    script = tmp_path / "kill_me.py"
+    script.write_text(KILL_SCRIPT, encoding="utf-8")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rng = random.Random(0)
+    steps = []
+    for _ in range(6):
+        process = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True,
+                                   cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        ready = process.stdout.readline()
+        assert ready.startswith("ready"), ready  # it loaded the folder the previous kill left
+        steps.append(int(ready.split()[1]))
+        deadline = time.monotonic() + 60
+        while not (folder / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.4))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+        checkpoint = load_checkpoint(folder / "checkpoint.pt")  # never half a file
+        assert checkpoint["state"]["step"] >= steps[-1]
+        assert {p.name for p in folder.iterdir()} <= {"checkpoint.pt", "checkpoint.pt.tmp"}
+    assert steps == sorted(steps) and steps[-1] > 0  # each run resumed where the last one was killed
+
+
+def test_history_json_is_strict():
+    value = {"history": [(1, 2.5), (2, float("nan"))], "bleu": float("inf")}
+    text = json.dumps(runs.strict_json(value), allow_nan=False)
+    assert json.loads(text) == {"history": [[1, 2.5], [2, None]], "bleu": None}
+
+
+def test_write_json_replaces_atomically(tmp_path):
+    path = tmp_path / "history.json"
+    runs.write_json(path, [(1, 0.5)])
+    runs.write_json(path, [(1, 0.5), (2, float("nan"))])
+    assert json.loads(path.read_text(encoding="utf-8")) == [[1, 0.5], [2, None]]
+    assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
+
+
+# ---- checkpoints are data ----
+
+
+class RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))  # loading would create the marker file
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_a_crafted_checkpoint_runs_nothing(tmp_path, how):
+    marker, path = tmp_path / "ran", tmp_path / "checkpoint.pt"
+    payload = {key: RunsCode(marker) for key in ("config", "model", "state", "extra")}
+    if how == "pickle":
+        path.write_bytes(pickle.dumps(payload))
+    else:
+        torch.save(payload, path)
+    with pytest.raises(runs.CheckpointError, match="is not a transformer_lib checkpoint"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "corrupt or not a checkpoint"),
+        (b"hello\n", "corrupt or not a checkpoint|not a transformer_lib checkpoint"),
+        ("truncated", "corrupt or not a checkpoint"),
+        ("foreign", r"lacks 'config', 'model'"),
+        ("tensor", "holds a Tensor"),
+    ],
+)
+def test_bad_checkpoint_files_give_one_line(tmp_path, content, message):
+    path = tmp_path / "checkpoint.pt"
+    if content == "truncated":
+        model, optimizer, scheduler = fresh()
+        train(model, copy_batches, optimizer, scheduler, max_steps=1, checkpoint_path=path, progress=False)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif content == "foreign":
+        torch.save({"weights": torch.ones(2)}, path)
+    elif content == "tensor":
+        torch.save(torch.ones(2), path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(runs.CheckpointError, match=message) as error:
+        load_checkpoint(path)
+    assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+# ---- a diverged run stops ----
+
+
+def test_a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    poisoned = {"from_step": 4, "calls": 0}
+
+    def poison(module, inputs, output):
+        poisoned["calls"] += 1
+        return output * float("nan") if poisoned["calls"] >= poisoned["from_step"] else output
+
+    model.generator.register_forward_hook(poison)
+    with pytest.raises(runs.DivergedError, match=r"diverged at step 4: the loss is nan.*checkpoint.*lr_factor"):
+        train(model, copy_batches, optimizer, scheduler, max_steps=10, checkpoint_path=path, checkpoint_every=1,
+              progress=False)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint["state"]["step"] == 3
+    assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the weights were not updated with NaN
+
+
+def test_a_non_finite_gradient_stops_training_even_without_clipping():
+    model, optimizer, scheduler = fresh()
+    before = [p.detach().clone() for p in model.parameters()]
+    model.generator.weight.register_hook(lambda grad: grad * float("inf"))
+    with pytest.raises(runs.DivergedError, match="diverged at step 1: the gradient norm is (inf|nan)"):
+        train(model, copy_batches, optimizer, scheduler, max_steps=3, clip_norm=None, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# ---- Ctrl-C and the loss window ----
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes_the_same_run(tmp_path):
+    model, optimizer, scheduler = fresh()
+    straight = train(model, copy_batches, optimizer, scheduler, max_steps=12, log_every=3, progress=False)
+
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    handler_before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under nohup
+
+    def press_ctrl_c(state):
+        if state.epoch == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the next step runs; the loop ends after it
+
+    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C at step \d+; saved"):
+        train(model, copy_batches, optimizer, scheduler, max_steps=12, log_every=3, progress=False,
+              checkpoint_path=path, on_epoch_end=press_ctrl_c)
+    checkpoint = load_checkpoint(path)
+    assert 4 <= checkpoint["state"]["step"] < 12
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the handler is put back
+
+    model, optimizer, scheduler = fresh(seed=9)
+    state = resume_training(checkpoint, model, optimizer, scheduler)
+    resumed = train(model, copy_batches, optimizer, scheduler, max_steps=12, log_every=3, state=state, progress=False)
+    assert resumed.history == straight.history  # the same means, the loss window included
+
+
+def test_a_run_killed_between_log_entries_resumes_with_the_same_means(tmp_path, monkeypatch):
+    import transformer_lib.training as training
+
+    model, optimizer, scheduler = fresh()
+    straight = train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, progress=False)
+
+    path, original = tmp_path / "checkpoint.pt", training.save_checkpoint
+
+    def save_and_keep(path, *args):  # keep a copy of every checkpoint, as if the run had been killed after it
+        original(path, *args)
+        (tmp_path / f"step{args[-2].step}.pt").write_bytes(Path(path).read_bytes())
+
+    monkeypatch.setattr(training, "save_checkpoint", save_and_keep)
+    model, optimizer, scheduler = fresh()
+    train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, progress=False, checkpoint_path=path,
+          checkpoint_every=5)
+    model, optimizer, scheduler = fresh(seed=3)
+    state = resume_training(load_checkpoint(tmp_path / "step5.pt"), model, optimizer, scheduler)
+    assert state.running_steps == 2  # steps 4 and 5, not yet logged
+    resumed = train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, state=state, progress=False)
+    assert resumed.history == straight.history
+
+
+# ---- mixed precision by compute capability ----
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((7, 0), torch.float16),
+                                                  ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_autocast_dtype_follows_compute_capability_not_is_bf16_supported(monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # what a T4 answers
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert autocast_dtype(torch.device("cuda")) == expected
+    assert autocast_dtype(torch.device("cpu")) is None
+
+
+# ---- settings ----
+
+PRESET = {
+    "model": dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1, max_len=128),
+    "training": dict(vocab_size=1000, max_tokens=1024, warmup=200, lr_factor=0.4, epochs=1, label_smoothing=0.1,
+                     checkpoint_every=500),
+}
+
+
+def settings_with(overrides):
+    return runs.validate_settings(runs.merge_settings(PRESET, overrides), PRESET)
+
+
+def test_good_overrides_are_applied():
+    settings = settings_with({"model": {"d_model": 128, "norm_first": True}, "training": {"lr_factor": 1}})
+    assert settings["model"]["d_model"] == 128 and settings["model"]["norm_first"] is True
+    assert settings["training"]["lr_factor"] == 1 and PRESET["model"]["d_model"] == 64  # the preset is untouched
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"training": {"lr": 0.1}}, r"training.lr is not a setting; did you mean 'lr_factor'\?"),
+        ({"training": {"warmpu": 10}}, r"did you mean 'warmup'\?"),
+        ({"trainig": {"warmup": 10}}, r"'trainig' is not a part of the settings; did you mean 'training'\?"),
+        ({"model": {"dmodel": 8}}, r"did you mean 'd_model'\?"),
+        ("null", "must be a JSON object.*got str"),
+        ([1, 2], "must be a JSON object.*got list"),
+        ({"model": 3}, "'model' must be an object of settings, got int"),
+        ({"training": {"warmup": 0}}, r"training.warmup must be a positive integer \(steps\), got 0"),
+        ({"training": {"warmup": -5}}, "got -5"),
+        ({"training": {"warmup": 2.5}}, "got 2.5"),
+        ({"training": {"lr_factor": 0}}, r"training.lr_factor must be a number > 0, got 0"),
+        ({"training": {"lr_factor": -1.0}}, "got -1.0"),
+        ({"training": {"label_smoothing": 1.0}}, r"label_smoothing must be a number in \[0, 1\), got 1.0"),
+        ({"training": {"label_smoothing": -0.1}}, "got -0.1"),
+        ({"training": {"epochs": 0}}, "training.epochs must be a positive integer, got 0"),
+        ({"training": {"checkpoint_every": 0}}, "checkpoint_every must be a positive integer"),
+        ({"model": {"norm_first": "no"}}, "model.norm_first must be true or false, got 'no'"),
+        ({"model": {"d_model": True}}, "model.d_model must be a positive integer"),
+        ({"model": {"dropout": None}}, r"model.dropout must be a number in \[0, 1\), got None"),
+        ({"model": {"n_heads": 5}}, "d_model must be divisible by model.n_heads"),
+        ({"training": {"max_tokens": 64}}, "max_tokens must be at least model.max_len=128"),
+    ],
+)
+def test_bad_settings_name_the_key_the_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        settings_with(overrides)
+
+
+def test_a_setting_without_a_rule_keeps_its_type():
+    preset = {"model": {}, "training": {"schedule": "noam"}}
+    runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": "cosine"}}), preset)
+    with pytest.raises(ValueError, match="training.schedule must be a str like its default 'noam', got 3"):
+        runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": 3}}), preset)
+
+
+# ---- run folders ----
+
+
+def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
+    runs.check_run_folder(tmp_path / "new", resume=False, overwrite=False)  # a new folder is fine
+    (tmp_path / "run").mkdir()
+    runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)  # so is an empty one
+    (tmp_path / "run" / "tokenizer.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(tokenizer.json\); continue it with resume"):
+        runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)
+    runs.check_run_folder(tmp_path / "run", resume=False, overwrite=True)
+    with pytest.raises(FileNotFoundError, match="resume needs .*checkpoint.pt"):
+        runs.check_run_folder(tmp_path / "run", resume=True, overwrite=False)
+    with pytest.raises(ValueError, match="choose one"):
+        runs.check_run_folder(tmp_path / "run", resume=True, overwrite=True)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        runs.check_run_folder(tmp_path / "file", resume=False, overwrite=True)
+    runs.start_run_folder(tmp_path / "run", overwrite=True)
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+# ---- the model refuses shapes it would silently broadcast ----
+
+
+def test_decode_refuses_a_memory_of_another_batch_size():
+    torch.manual_seed(0)
+    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
+    src = torch.randint(4, 20, (1, 5))
+    memory = model.encode(src)  # (1, S, d_model)
+    with pytest.raises(ValueError, match=r"memory must be \(batch, S, d_model\) with tgt's batch size 2, got shape \(1, 5, 32\)"):
+        model.decode(torch.randint(4, 20, (2, 3)), memory, tl.padding_mask(src, 0))
+
+
+def test_encode_refuses_an_empty_source():
+    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
+    with pytest.raises(ValueError, match=r"length >= 1, got shape \(2, 0\)"):
+        model.encode(torch.zeros(2, 0, dtype=torch.long))

@@ -1,0 +1,88 @@
+"""Chapter 8's validation records: after every epoch, the loss on the validation split, and BLEU every bleu_every
+epochs; kept in the checkpoint so that a resumed run has the same curves; the word-level tokenizer option; the
+local opus_books file; the CPU preset."""
+
+import json
+import random
+
+import pytest
+
+import transformer_lib as tl
+from transformer_lib import translation as tr
+
+WORDS_DE = ["Ein", "Hund", "Mann", "Frau", "läuft", "sitzt", "im", "Park", "am", "Strand", "rot", "groß"]
+WORDS_EN = ["A", "dog", "man", "woman", "runs", "sits", "in", "the", "park", "on", "beach", "red", "big"]
+
+
+def write_corpus(folder, train=240, validation=110):
+    """A small offline Multi30k look-alike: enough sentences for corpus_scores (at least 100) and two epochs."""
+    rng = random.Random(0)
+    (folder / "multi30k").mkdir(parents=True)
+    for split, n in (("train", train), ("validation", validation), ("test", 100)):
+        with open(folder / "multi30k" / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for _ in range(n):
+                k = rng.randint(2, 6)
+                f.write(json.dumps({"de": " ".join(rng.choices(WORDS_DE, k=k)) + ".",
+                                    "en": " ".join(rng.choices(WORDS_EN, k=k)) + "."}, ensure_ascii=False) + "\n")
+    return folder
+
+
+TINY = {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "max_len": 32},
+        "training": {"vocab_size": 120, "max_tokens": 64, "warmup": 20, "bleu_every": 2}}  # >= 10 steps an epoch
+
+
+def test_every_epoch_leaves_a_record_and_bleu_comes_every_bleu_every(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    seen = []
+    summary = tl.train_translator(tmp_path / "run", preset="tiny", overrides=TINY, epochs=3, progress=False,
+                                  on_record=seen.append)
+    records = summary["validation"]
+    assert [r["epoch"] for r in records] == [1, 2, 3] and seen == records
+    assert [r["valid_bleu"] is None for r in records] == [True, False, True]  # bleu_every = 2
+    assert 0 <= records[1]["valid_bleu"] <= 100
+    assert all(r["valid_loss"] > 0 and r["train_loss"] > 0 for r in records)
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records) and records[-1]["step"] == summary["steps"]
+    assert 0 < records[0]["minutes"] <= records[1]["minutes"] <= records[2]["minutes"]
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["epochs"] == records
+
+
+def test_a_resumed_run_keeps_its_records(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    straight = tl.train_translator(tmp_path / "a", preset="tiny", overrides=TINY, epochs=2, progress=False)
+    tl.train_translator(tmp_path / "b", preset="tiny", overrides=TINY, epochs=1, progress=False)
+    resumed = tl.train_translator(tmp_path / "b", resume=True, epochs=2, progress=False)
+    # the validation measurements are the same; training-loss means may not be, since a run that stops logs its last
+    # steps early (the short first run logged step 29, the straight run did not)
+    keep = lambda records: [{k: r[k] for k in ("epoch", "step", "valid_loss", "valid_bleu")} for r in records]  # noqa: E731
+    assert keep(resumed["validation"]) == keep(straight["validation"]) and len(resumed["validation"]) == 2
+
+
+def test_the_word_level_tokenizer_is_a_training_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    overrides = {"model": TINY["model"], "training": {**TINY["training"], "tokenizer": "word", "bleu_every": 0}}
+    tl.train_translator(tmp_path / "run", preset="tiny", overrides=overrides, max_steps=3, progress=False)
+    _, tokenizer = tl.load_translator(tmp_path / "run", "cpu")
+    assert tokenizer.encode("Ein Hund läuft .").tokens == ["<bos>", "Ein", "Hund", "läuft", ".", "<eos>"]
+    assert tokenizer.encode("Ein Elefant läuft .").ids.count(tl.UNK_ID) == 1  # an unseen word is <unk>, not spelled
+
+
+def test_word_tokenizer_refuses_a_vocabulary_without_room():
+    with pytest.raises(ValueError, match="vocab_size must exceed"):
+        tl.train_word_tokenizer(["a b"], vocab_size=4)
+
+
+def test_opus_books_reads_a_local_file(tmp_path, monkeypatch):
+    rows = [{"id": str(i), "translation": {"en": f"sentence {i}", "it": f"frase {i}"}} for i in range(2100)]
+    (tmp_path / "opus_books").mkdir()
+    (tmp_path / "opus_books" / "en-it.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
+    test = tr.load_pairs("opus_books", "test", "en", "it", config="en-it")
+    assert len(test) == 1000 and test[0][0].startswith("sentence") and test[0][1].startswith("frase")
+
+
+def test_the_cpu_preset_is_the_gpu_preset_made_cheaper():
+    cpu, gpu = tr.PRESETS["multi30k-cpu"], tr.PRESETS["multi30k"]
+    assert cpu["model"]["d_model"] == gpu["model"]["d_model"] and cpu["model"]["n_layers"] == gpu["model"]["n_layers"]
+    assert cpu["model"]["d_ff"] < gpu["model"]["d_ff"] and cpu["training"]["max_tokens"] < gpu["training"]["max_tokens"]
+    assert cpu["training"]["vocab_size"] == gpu["training"]["vocab_size"]

@@ -1,0 +1,736 @@
+"""Draw the book's diagrams into book/figures/ (matplotlib only; no figure is copied from the paper or another book).
+
+    python tools/figures.py               # draw every figure and rewrite book/figures/manifest.json
+    python tools/figures.py --check       # exit 1, naming the figures, when one is missing, edited or out of date
+    python tools/figures.py --out DIR     # draw every figure into DIR (the manifest in book/figures is left alone)
+    python tools/figures.py --png DIR     # also write a PNG copy of each figure into DIR, for looking at them
+
+Each figure is one function below, registered with `@figure(NAME, deps=...)`; `deps` names the parts of
+transformer_lib whose results the drawing shows (the masks, the teacher-forcing split, beam search...). Every
+figure sits on an opaque white panel with rounded corners and dark text, so it reads the same in the book's light
+and dark themes.
+
+How "out of date" is decided. Comparing a freshly drawn SVG with the stored one byte for byte would be the most
+direct test, but SVG bytes change with the matplotlib version (path rounding, element order) and, for the
+beam-search tree, with the floating-point details of a short training run on a given CPU: such a test would fail
+on a fresh install for no fault of the figure. Instead, book/figures/manifest.json records for every figure
+  - `source_sha256`: a hash of the figure's function, of the shared drawing helpers and style, and of the source
+    of every transformer_lib function or class in its `deps` (those it calls or depicts directly; an edit deeper
+    inside the library is not tracked); it changes when the drawing code or the library code it shows changes;
+  - `file_sha256`: a hash of the SVG file as written, so that a hand edit or a file not regenerated is caught;
+  - `matplotlib` and `torch`: the versions it was drawn with, for information only.
+`--check` (and tests/test_figures.py) recompute both hashes and fail, naming the figure and the command to run,
+when either differs or a file is missing; the test also redraws every figure into a temporary folder to prove the
+script still runs and writes every file the manifest lists. Output is deterministic for given versions: a fixed
+`svg.hashsalt`, no date in the metadata, DejaVu Sans (shipped with matplotlib) for every text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import io
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing the package
+
+import transformer_lib as tl  # noqa: E402
+from transformer_lib import masks, model, training, translation  # noqa: E402
+
+FIGURES_DIR = ROOT / "book" / "figures"
+MANIFEST = FIGURES_DIR / "manifest.json"
+
+# ---- style: one palette (seaborn's "deep" colours, as the book's plots use) and one font for every figure ----
+STYLE = {
+    "font.family": "DejaVu Sans",
+    "font.size": 10,
+    "svg.hashsalt": "transformer-piece-by-piece",
+    "svg.fonttype": "path",  # glyphs as paths: the figure looks the same whatever fonts the reader has
+    "axes.unicode_minus": True,
+}
+INK = "#1f1f1f"  # text and arrows
+MUTED = "#6b6b6b"  # secondary text
+PANEL = "#ffffff"  # the opaque background panel
+EDGE = "#c8c8c8"  # panel and box outlines
+BLUE, ORANGE, GREEN, RED, PURPLE, BROWN = "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"
+LIGHT = {BLUE: "#dbe4f1", ORANGE: "#f8e3d4", GREEN: "#dcefe0", RED: "#f3dcdc", PURPLE: "#e5e1f0", BROWN: "#ebe3dc"}
+OFF = "#ececec"  # a False mask cell, a pruned hypothesis
+HEADS = (BLUE, ORANGE, GREEN, PURPLE)
+
+REGISTRY: dict[str, dict] = {}
+
+
+def figure(name: str, deps: tuple = ()) -> Callable:
+    """Register a function that returns a matplotlib Figure as the figure book/figures/NAME."""
+
+    def register(fn: Callable) -> Callable:
+        REGISTRY[name] = {"fn": fn, "deps": deps}
+        return fn
+
+    return register
+
+
+def canvas(width: float, height: float) -> tuple[plt.Figure, plt.Axes]:
+    """A figure of width x height inches whose axes count in inches from the lower left, on a rounded white panel."""
+    fig = plt.figure(figsize=(width, height))
+    fig.patch.set_alpha(0.0)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    ax.add_patch(FancyBboxPatch((0.03, 0.03), width - 0.06, height - 0.06, boxstyle="round,pad=0,rounding_size=0.18",
+                                facecolor=PANEL, edgecolor=EDGE, linewidth=1.0, zorder=-10))
+    return fig, ax
+
+
+def box(ax, x: float, y: float, w: float, h: float, text: str = "", color: str = BLUE, fill: str | None = None,
+        size: float = 10, weight: str = "normal", round_: float = 0.08, text_color: str = INK, lw: float = 1.2,
+        ls: str = "-") -> None:
+    """A rounded box with its lower left corner at (x, y) and centred text."""
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=f"round,pad=0,rounding_size={round_}",
+                                facecolor=LIGHT.get(color, color) if fill is None else fill, edgecolor=color,
+                                linewidth=lw, linestyle=ls))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, color=text_color, weight=weight)
+
+
+def arrow(ax, start: tuple, end: tuple, color: str = INK, lw: float = 1.3, style: str = "-|>", ls: str = "-",
+          rad: float = 0.0, shrink: float = 2.0) -> None:
+    """An arrow from start to end (inches), straight or bent by rad."""
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12, color=color, linewidth=lw,
+                                 linestyle=ls, shrinkA=shrink, shrinkB=shrink,
+                                 connectionstyle=f"arc3,rad={rad}"))
+
+
+def text(ax, x: float, y: float, s: str, size: float = 10, color: str = INK, ha: str = "center",
+         va: str = "center", **kwargs) -> None:
+    """Text at (x, y) inches."""
+    ax.text(x, y, s, fontsize=size, color=color, ha=ha, va=va, **kwargs)
+
+
+def cell(ax, x: float, y: float, w: float, h: float, color: str, label: str = "", size: float = 9,
+         text_color: str = INK) -> None:
+    """One square cell of a drawn tensor."""
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=PANEL, linewidth=1.0))
+    if label:
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=size, color=text_color)
+
+
+SHARED = (figure, canvas, box, arrow, text, cell)  # their source is part of every figure's hash
+
+
+# ---- chapter 1 ----
+@figure("text_to_tensors.svg", deps=(tl.pad_batch, tl.TokenEmbedding))
+def text_to_tensors() -> plt.Figure:
+    """Two sentences -> tokens -> ids -> a padded (B, T) batch -> embedding rows (B, T, d_model)."""
+    sentences = ["Ein Hund läuft .", "Zwei Kinder spielen im Park ."]
+    words = sorted({w for s in sentences for w in s.split()})
+    vocab = {t: i for i, t in enumerate([*tl.SPECIAL_TOKENS, *words])}
+    ids = [[vocab[w] for w in s.split()] for s in sentences]
+    batch = tl.pad_batch(ids, tl.PAD_ID)  # (B, T)
+    torch.manual_seed(0)
+    embed = tl.TokenEmbedding(len(vocab), 6, tl.PAD_ID)
+    with torch.no_grad():
+        rows = embed(batch)  # (B, T, d_model)
+    B, T = batch.shape
+    d_model = rows.size(-1)
+    fig, ax = canvas(10.0, 3.9)
+    tx, kx, ix, ex = 0.3, 2.3, 5.6, 7.75  # x of the text, tokens, ids and embedding columns
+    tw, cw, ew, eh = 0.5, 0.3, 0.3, 0.09  # token box, id cell and embedding cell sizes
+    heads = ["text", "tokens", "ids: padded batch (B, T)", "embedding (B, T, d_model)"]
+    for x, head in zip((tx, kx, ix, ex), heads):
+        text(ax, x, 3.5, head, size=10, ha="left", weight="bold")
+    scale = float(rows.abs().max())
+    for b, sentence in enumerate(sentences):
+        y = 2.6 - b * 1.25  # centre line of this sentence
+        box(ax, tx, y - 0.22, 1.75, 0.44, f"“{sentence}”", color=BROWN, size=8)
+        tokens = sentence.split() + ["<pad>"] * (T - len(sentence.split()))
+        for t, token in enumerate(tokens):
+            pad = token == "<pad>"
+            box(ax, kx + t * (tw + 0.04), y - 0.15, tw, 0.3, token, color=EDGE if pad else ORANGE,
+                fill=OFF if pad else None, size=7, text_color=MUTED if pad else INK, round_=0.05)
+            is_pad = int(batch[b, t]) == tl.PAD_ID
+            cell(ax, ix + t * cw, y - cw / 2, cw, cw, OFF if is_pad else LIGHT[BLUE], str(int(batch[b, t])),
+                 size=8, text_color=MUTED if is_pad else INK)
+            for d in range(d_model):  # one column of d_model numbers per token: blue > 0, orange < 0
+                v = float(rows[b, t, d]) / scale
+                rgb = matplotlib.colors.to_rgb(BLUE if v >= 0 else ORANGE)
+                ax.add_patch(Rectangle((ex + t * (ew + 0.04), y + d_model * eh / 2 - (d + 1) * eh), ew, eh,
+                                       facecolor=tuple(1 - abs(v) * (1 - c) for c in rgb), edgecolor=EDGE,
+                                       linewidth=0.4))
+        arrow(ax, (tx + 1.78, y), (kx - 0.05, y))
+        arrow(ax, (kx + T * (tw + 0.04), y), (ix - 0.05, y))
+        arrow(ax, (ix + T * cw + 0.03, y), (ex - 0.05, y))
+    text(ax, tx, 0.45, f"B = {B} sentences, padded to T = {T} tokens", size=8.5, color=MUTED, ha="left")
+    text(ax, ix, 0.45, f"<pad> has id {tl.PAD_ID}", size=8.5, color=MUTED, ha="left")
+    text(ax, ex, 0.45, f"d_model = {d_model} numbers per token;\nthe <pad> column is zero", size=8.5,
+         color=MUTED, ha="left")
+    return fig
+
+
+# ---- chapter 3 ----
+@figure("attention_row.svg", deps=())
+def attention_row() -> plt.Figure:
+    """Chapter 3's soft lookup: one query against four keys, softmax weights, the weighted sum of the values."""
+    names = ["kitten", "wolf", "scooter", "lorry"]
+    features = ["animal", "vehicle", "small", "large"]
+    keys = torch.tensor([[1.0, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1]])  # (4, 4), as in chapter 3
+    values = torch.tensor([[4.0, 0], [4, 0], [0, 2], [0, 6]])  # (4, 2): legs, wheels
+    query = torch.tensor([1.0, 0, 1, 0])  # "a small animal"
+    scores = keys @ query  # (4,)
+    weights = torch.softmax(scores, dim=-1)  # (4,)
+    output = weights @ values  # (2,)
+
+    fig, ax = canvas(10.0, 4.7)
+    cw = 0.42  # width of one number cell
+    top = 3.15  # y of the first row
+    rh = 0.5  # row height
+    kx, sx, wx, vx, px = 1.05, 3.35, 4.55, 6.55, 8.2  # key, score, weight, value, weighted-value columns
+    # header
+    text(ax, kx + 2 * cw, 4.35, "keys $k_j$", weight="bold")
+    text(ax, sx + 0.3, 4.35, "score\n$q \\cdot k_j$", weight="bold")
+    text(ax, wx + 0.8, 4.35, "weight $a_j$\n= softmax", weight="bold")
+    text(ax, vx + cw, 4.35, "values $v_j$", weight="bold")
+    text(ax, px + cw, 4.35, "$a_j\\, v_j$", weight="bold")
+    for f, feature in enumerate(features):
+        text(ax, kx + (f + 0.5) * cw, 3.82, feature, size=7.5, color=MUTED, rotation=30)
+    for c, name in enumerate(["legs", "wheels"]):
+        text(ax, vx + (c + 0.5) * cw, 3.82, name, size=7.5, color=MUTED, rotation=30)
+        text(ax, px + (c + 0.5) * cw, 3.82, name, size=7.5, color=MUTED, rotation=30)
+    best = int(weights.argmax())
+    for j, name in enumerate(names):
+        y = top - j * rh
+        text(ax, kx - 0.1, y + 0.2, name, ha="right")
+        for f in range(4):
+            on = keys[j, f] > 0
+            cell(ax, kx + f * cw, y, cw, 0.4, LIGHT[BLUE] if on else OFF, f"{keys[j, f]:.0f}",
+                 text_color=INK if on else MUTED)
+        cell(ax, sx, y, 0.6, 0.4, LIGHT[PURPLE], f"{scores[j]:.0f}")
+        bar = 1.3 * float(weights[j])
+        ax.add_patch(Rectangle((wx, y + 0.06), bar, 0.28, facecolor=GREEN, edgecolor="none"))
+        text(ax, wx + bar + 0.07, y + 0.2, f"{weights[j]:.3f}", ha="left", size=9,
+             weight="bold" if j == best else "normal")
+        for c in range(2):
+            cell(ax, vx + c * cw, y, cw, 0.4, LIGHT[ORANGE], f"{values[j, c]:.0f}")
+            cell(ax, px + c * cw, y, cw, 0.4, LIGHT[GREEN], f"{weights[j] * values[j, c]:.2f}" if values[j, c] else "0",
+                 size=8.5)
+        arrow(ax, (kx + 4 * cw + 0.05, y + 0.2), (sx - 0.05, y + 0.2), color=MUTED, lw=0.9)
+        arrow(ax, (vx + 2 * cw + 0.05, y + 0.2), (px - 0.05, y + 0.2), color=MUTED, lw=0.9)
+        text(ax, (vx + 2 * cw + px) / 2, y + 0.32, f"× {weights[j]:.3f}", size=7.5, color=GREEN)
+    # the query, under the keys it is compared with
+    qy = top - 4 * rh - 0.35
+    text(ax, kx - 0.1, qy + 0.2, "query $q$", ha="right", weight="bold")
+    for f in range(4):
+        cell(ax, kx + f * cw, qy, cw, 0.4, LIGHT[RED] if query[f] > 0 else OFF, f"{query[f]:.0f}")
+    text(ax, kx + 2 * cw, qy - 0.22, "“a small animal”", size=8.5, color=MUTED)
+    arrow(ax, (kx + 4 * cw + 0.05, qy + 0.2), (sx + 0.3, top - 3 * rh - 0.03), color=RED, rad=0.25)
+    text(ax, sx + 0.75, qy + 0.45, "dot product with\nevery key", size=8.5, color=RED, ha="left")
+    # the sum
+    oy = qy
+    for c in range(2):
+        cell(ax, px + c * cw, oy, cw, 0.4, GREEN, f"{output[c]:.2f}", text_color=PANEL, size=8.5)
+    ax.plot([px, px + 2 * cw], [oy + 0.5, oy + 0.5], color=INK, lw=1.0)
+    text(ax, px - 0.08, oy + 0.2, "output\n$\\sum_j a_j v_j$", ha="right", size=9, weight="bold")
+    text(ax, px + cw, oy - 0.22, f"{output[0]:.1f} legs, {output[1]:.1f} wheels", size=8.5, color=MUTED)
+    text(ax, 5.3, 0.32, "The weights are positive and sum to 1; the output is a blend of the values, "
+         "pulled towards the best-matching key.", size=8.5, color=MUTED)
+    return fig
+
+
+# ---- chapter 4 ----
+def _mask_grid(ax, x0: float, y0: float, grid: torch.Tensor, labels: list[str], size: float = 0.5) -> None:
+    """Draw a (T_q, T_k) boolean grid with the top-left cell at (x0, y0); True cells blue, False grey."""
+    for i in range(grid.size(0)):
+        for j in range(grid.size(1)):
+            on = bool(grid[i, j])
+            cell(ax, x0 + j * size, y0 - (i + 1) * size, size, size, BLUE if on else OFF,
+                 "True" if on else "False", size=7.5, text_color=PANEL if on else MUTED)
+    for j, label in enumerate(labels):
+        text(ax, x0 + (j + 0.5) * size, y0 + 0.08, label, size=8.5, rotation=35, ha="left", va="bottom",
+             rotation_mode="anchor")
+    for i, label in enumerate(labels):
+        text(ax, x0 - 0.08, y0 - (i + 0.5) * size, label, size=8.5, ha="right")
+
+
+@figure("masks.svg", deps=(masks.padding_mask, masks.causal_mask))
+def mask_grids() -> plt.Figure:
+    """The padding mask over a padded German source and the causal mask over an English target."""
+    source = ["Ein", "Hund", "läuft", "<pad>", "<pad>"]
+    target = ["<bos>", "A", "dog", "runs", "."]
+    words = [t for t in dict.fromkeys(source + target) if t not in tl.SPECIAL_TOKENS]
+    vocab = {t: i for i, t in enumerate([*tl.SPECIAL_TOKENS, *words])}
+    src = torch.tensor([[vocab[t] for t in source]])  # (1, S)
+    pad = masks.padding_mask(src, tl.PAD_ID)  # (1, 1, 1, S)
+    causal = masks.causal_mask(len(target))  # (1, 1, T, T)
+    S, T = len(source), len(target)
+
+    fig, ax = canvas(10.0, 5.6)
+    size = 0.5
+    # left: the stored padding mask, one row, and its broadcast over the queries
+    lx = 1.25
+    text(ax, lx + S * size / 2, 5.25, "padding mask of the source", weight="bold", size=11)
+    text(ax, lx + S * size / 2, 4.95, f"padding_mask(src, pad_id): shape {tuple(pad.shape)}", size=8.5, color=MUTED)
+    for j in range(S):
+        on = bool(pad[0, 0, 0, j])
+        cell(ax, lx + j * size, 4.3, size, size, BLUE if on else OFF, "True" if on else "False", size=7.5,
+             text_color=PANEL if on else MUTED)
+    text(ax, lx - 0.08, 4.55, "stored", size=8.5, ha="right", color=MUTED)
+    arrow(ax, (lx + S * size + 0.25, 4.55), (lx + S * size + 0.25, 3.2), rad=-0.3, color=MUTED)
+    text(ax, lx + S * size + 0.55, 3.9, "broadcast:\nthe same row\nfor every query", size=8.5, color=MUTED,
+         ha="left")
+    _mask_grid(ax, lx, 3.05, pad[0, 0].expand(S, S), source, size)
+    text(ax, lx + S * size / 2, 0.25, "keys (columns) that may be attended to", size=8.5, color=MUTED)
+    text(ax, 0.25, 1.8, "queries", rotation=90, size=8.5, color=MUTED)
+    # right: the causal mask
+    rx = 6.6
+    text(ax, rx + T * size / 2, 5.25, "causal mask of the target", weight="bold", size=11)
+    text(ax, rx + T * size / 2, 4.95, f"causal_mask({T}): shape {tuple(causal.shape)}", size=8.5, color=MUTED)
+    text(ax, rx + T * size / 2, 4.55, "query i may look at keys j ≤ i:\nitself and the words before it", size=8.5,
+         color=MUTED)
+    _mask_grid(ax, rx, 3.05, causal[0, 0], target, size)
+    text(ax, rx + T * size / 2, 0.25, "keys (columns) that may be attended to", size=8.5, color=MUTED)
+    text(ax, rx - 0.9, 1.8, "queries", rotation=90, size=8.5, color=MUTED)
+    # legend
+    cell(ax, 4.35, 1.05, 0.3, 0.3, BLUE)
+    text(ax, 4.72, 1.2, "True: may be attended to", size=8.5, ha="left")
+    cell(ax, 4.35, 0.65, 0.3, 0.3, OFF)
+    text(ax, 4.72, 0.8, "False: hidden", size=8.5, ha="left")
+    return fig
+
+
+# ---- chapter 5 ----
+def _matrix(ax, x: float, y: float, rows: int, cols: int, colours: list[str], size: float = 0.13) -> None:
+    """A rows x cols grid of cells with its lower left corner at (x, y); colours[c] colours column c."""
+    for r in range(rows):
+        for c in range(cols):
+            ax.add_patch(Rectangle((x + c * size, y + (rows - 1 - r) * size), size, size, facecolor=colours[c],
+                                   edgecolor=PANEL, linewidth=0.6))
+
+
+@figure("heads_split_merge.svg", deps=(tl.MultiHeadAttention.split_heads, tl.MultiHeadAttention.merge_heads))
+def heads_split_merge() -> plt.Figure:
+    """d_model features -> n_heads groups of d_k -> one (T, d_k) matrix per head -> attention -> concatenate -> W^O."""
+    T, d_model, h = 6, 16, 4
+    d_k = d_model // h
+    mha = tl.MultiHeadAttention(d_model, h)
+    x = torch.zeros(1, T, d_model)
+    assert mha.split_heads(x).shape == (1, h, T, d_k) and mha.merge_heads(mha.split_heads(x)).shape == x.shape
+    s = 0.13
+    head_cols = [HEADS[c // d_k] for c in range(d_model)]
+    light_cols = [LIGHT[HEADS[c // d_k]] for c in range(d_model)]
+    fig, ax = canvas(10.0, 5.5)
+    text(ax, 0.3, 5.2, "split", weight="bold", size=11, ha="left")
+    text(ax, 0.3, 2.55, "merge", weight="bold", size=11, ha="left")
+    # --- split row ---
+    y = 3.6
+    _matrix(ax, 0.35, y, T, d_model, head_cols, s)
+    text(ax, 0.35 + d_model * s / 2, y + T * s + 0.35, "w_q(x): all heads' queries", size=9)
+    text(ax, 0.35 + d_model * s / 2, y + T * s + 0.15, f"(B, T, d_model) = (B, {T}, {d_model})", size=8.5, color=MUTED)
+    for i in range(h):
+        text(ax, 0.35 + (i + 0.5) * d_k * s, y - 0.15, f"head {i}", size=7.5, color=HEADS[i])
+    text(ax, 0.25, y + T * s / 2, "T", size=8, color=MUTED)
+    arrow(ax, (2.55, y + 0.4), (3.15, y + 0.4))
+    text(ax, 2.85, y + 0.65, "view", size=8.5)
+    gx = 3.25
+    for i in range(h):
+        _matrix(ax, gx + i * (d_k * s + 0.12), y, T, d_k, [HEADS[i]] * d_k, s)
+    text(ax, gx + 1.2, y + T * s + 0.35, "the features read as h groups of d_k", size=9)
+    text(ax, gx + 1.2, y + T * s + 0.15, f"(B, T, h, d_k) = (B, {T}, {h}, {d_k})", size=8.5, color=MUTED)
+    text(ax, gx + 1.2, y - 0.15, "no data moved", size=7.5, color=MUTED)
+    arrow(ax, (5.75, y + 0.4), (6.5, y + 0.4))
+    text(ax, 6.2, y + 0.65, "transpose(1, 2)", size=8)
+    hx = 6.75
+    for i in reversed(range(h)):
+        _matrix(ax, hx + i * 0.32, y - i * 0.22 + 0.3, T, d_k, [HEADS[i]] * d_k, s)
+    text(ax, hx + 1.3, y + T * s + 0.62, "one (T, d_k) matrix per head", size=9)
+    text(ax, hx + 1.3, y + T * s + 0.42, f"(B, h, T, d_k) = (B, {h}, {T}, {d_k})", size=8.5, color=MUTED)
+    text(ax, hx + 2.1, y - 0.35, "head 0 in front", size=7.5, color=MUTED, ha="left")
+    # --- attention, between the rows ---
+    box(ax, 5.9, 2.35, 3.6, 0.55, "scaled_dot_product_attention, every head at once\n"
+        "scores (B, h, T, T), output (B, h, T, d_k)", color=PURPLE, size=8.5)
+    arrow(ax, (7.6, y - 0.4), (7.6, 2.93))
+    # --- merge row ---
+    y2 = 0.75
+    mx = 8.0
+    arrow(ax, (7.7, 2.32), (mx + 0.4, y2 + T * s + 0.55))
+    for i in reversed(range(h)):
+        _matrix(ax, mx + i * 0.32 - 0.9, y2 - i * 0.22 + 0.3, T, d_k, [LIGHT[HEADS[i]]] * d_k, s)
+    text(ax, mx + 0.25, y2 - 0.45, "head outputs (B, h, T, d_k)", size=8.5, color=MUTED)
+    arrow(ax, (6.85, y2 + 0.4), (6.2, y2 + 0.4))
+    text(ax, 6.52, y2 + 0.65, "transpose(1, 2)\n+ reshape", size=8.5)
+    cx = 3.85
+    _matrix(ax, cx, y2, T, d_model, light_cols, s)
+    text(ax, cx + d_model * s / 2, y2 + T * s + 0.35, "Concat(head_0, ..., head_3)", size=9)
+    text(ax, cx + d_model * s / 2, y2 + T * s + 0.15, f"(B, T, d_model) = (B, {T}, {d_model})", size=8.5,
+         color=MUTED)
+    text(ax, cx + d_model * s / 2, y2 - 0.15, "a copy: the heads' columns side by side", size=7.5, color=MUTED)
+    arrow(ax, (cx - 0.1, y2 + 0.4), (cx - 0.75, y2 + 0.4))
+    text(ax, cx - 0.42, y2 + 0.62, "w_o", size=8.5)
+    mixed = ["#b9bcc4"] * d_model
+    _matrix(ax, 0.9, y2, T, d_model, mixed, s)
+    text(ax, 0.9 + d_model * s / 2, y2 + T * s + 0.35, "output: heads mixed by $W^O$", size=9)
+    text(ax, 0.9 + d_model * s / 2, y2 + T * s + 0.15, f"(B, T, d_model) = (B, {T}, {d_model})", size=8.5,
+         color=MUTED)
+    return fig
+
+
+# ---- chapter 6 ----
+@figure("encoder_decoder.svg", deps=(model.Transformer, model.EncoderLayer, model.DecoderLayer))
+def encoder_decoder() -> plt.Figure:
+    """The whole model, drawn left to right: encoder row, decoder row, output row, with shapes and masks."""
+    fig, ax = canvas(10.0, 6.4)
+    h = 0.72  # box height
+    # encoder row
+    ey = 4.75
+    text(ax, 0.3, 6.0, "encoder", weight="bold", size=11, ha="left", color=BLUE)
+    box(ax, 0.3, ey, 1.05, h, "source ids\n(B, S)", color=BROWN, size=9)
+    arrow(ax, (1.38, ey + h / 2), (1.65, ey + h / 2))
+    box(ax, 1.68, ey, 1.55, h, "embedding × √d_model\n+ positions", color=ORANGE, size=8.5)
+    arrow(ax, (3.26, ey + h / 2), (3.72, ey + h / 2))
+    text(ax, 3.49, ey + h / 2 + 0.22, "(B, S, d)", size=7.5, color=MUTED)
+    ax.add_patch(FancyBboxPatch((3.75, ey - 0.3), 3.55, h + 0.6, boxstyle="round,pad=0,rounding_size=0.12",
+                                facecolor="none", edgecolor=BLUE, linewidth=1.4, linestyle="--"))
+    text(ax, 7.22, ey + h + 0.42, "N × encoder layer", size=9, color=BLUE, ha="right", weight="bold")
+    box(ax, 3.9, ey, 1.75, h, "self-attention\nmask: source padding\n(B, 1, 1, S)", color=BLUE, size=8)
+    arrow(ax, (5.68, ey + h / 2), (5.8, ey + h / 2))
+    box(ax, 5.83, ey, 1.32, h, "feed-forward\nd → d_ff → d", color=GREEN, size=8)
+    arrow(ax, (7.33, ey + h / 2), (7.75, ey + h / 2))
+    text(ax, 7.54, ey + h / 2 + 0.22, "(B, S, d)", size=7.5, color=MUTED)
+    box(ax, 7.78, ey, 1.9, h, "memory\n(B, S, d_model)", color=BLUE, size=9, weight="bold")
+    # decoder row
+    dy = 2.45
+    text(ax, 0.3, 3.7, "decoder", weight="bold", size=11, ha="left", color=RED)
+    box(ax, 0.3, dy, 1.05, h, "target ids\n(B, T)\n<bos> y₁ … yₙ", color=BROWN, size=8)
+    arrow(ax, (1.38, dy + h / 2), (1.65, dy + h / 2))
+    box(ax, 1.68, dy, 1.55, h, "embedding × √d_model\n+ positions", color=ORANGE, size=8.5)
+    arrow(ax, (3.26, dy + h / 2), (3.72, dy + h / 2))
+    text(ax, 3.49, dy + h / 2 + 0.22, "(B, T, d)", size=7.5, color=MUTED)
+    ax.add_patch(FancyBboxPatch((3.75, dy - 0.3), 6.0, h + 0.6, boxstyle="round,pad=0,rounding_size=0.12",
+                                facecolor="none", edgecolor=RED, linewidth=1.4, linestyle="--"))
+    text(ax, 3.85, dy - 0.18, "N × decoder layer", size=9, color=RED, ha="left", weight="bold")
+    box(ax, 3.9, dy, 1.85, h, "masked self-attention\nmask: padding & causal\n(B, 1, T, T)", color=RED, size=8)
+    arrow(ax, (5.78, dy + h / 2), (5.93, dy + h / 2))
+    box(ax, 5.96, dy, 2.3, h, "cross-attention\nQ: decoder; K, V: memory\nmask: source padding (B, 1, 1, S)",
+        color=PURPLE, size=7.5)
+    arrow(ax, (8.29, dy + h / 2), (8.4, dy + h / 2))
+    box(ax, 8.43, dy, 1.2, h, "feed-forward\nd → d_ff → d", color=GREEN, size=8)
+    # memory to every decoder layer's cross-attention
+    arrow(ax, (8.73, ey - 0.02), (7.4, dy + h + 0.02), color=BLUE, lw=1.8, rad=-0.15)
+    text(ax, 8.55, 3.95, "the same memory\nfor every decoder layer", size=8, color=BLUE, ha="left")
+    # output row
+    oy = 0.55
+    arrow(ax, (9.0, dy - 0.32), (9.0, oy + h + 0.02))
+    text(ax, 9.1, 1.6, "(B, T, d)", size=7.5, color=MUTED, ha="left")
+    box(ax, 6.95, oy, 2.7, h, "generator: linear d_model → V\n(weight tied to the target embedding)",
+        color=ORANGE, size=8)
+    arrow(ax, (6.92, oy + h / 2), (6.3, oy + h / 2))
+    box(ax, 4.3, oy, 1.97, h, "logits (B, T, V)\none score per word", color=BROWN, size=8.5, weight="bold")
+    arrow(ax, (4.27, oy + h / 2), (3.65, oy + h / 2), ls="--", color=MUTED)
+    text(ax, 2.35, oy + h / 2, "softmax: in the loss (ch. 7)\nor in decoding (ch. 7, 8)", size=8, color=MUTED)
+    text(ax, 0.3, 2.0, "every sublayer (coloured box) is wrapped in\ndropout, a residual connection "
+         "and LayerNorm;\nd = d_model, B batch, S source and T\ntarget length, V target vocabulary",
+         size=7.8, color=MUTED, ha="left", va="top")
+    return fig
+
+
+# ---- chapter 7 ----
+@figure("teacher_forcing.svg", deps=(training.teacher_forcing_pair,))
+def teacher_forcing() -> plt.Figure:
+    """The target <bos> y1..yn <eos> split into decoder input and labels, shifted by one position."""
+    vocab = [*tl.SPECIAL_TOKENS, *"0123456789"]  # chapter 7's vocabulary: specials, then the digits
+    tokens = ["<bos>", "5", "2", "7", "<eos>", "<pad>"]  # the reversal of source "7 2 5", padded by one
+    tgt = torch.tensor([[vocab.index(t) for t in tokens]])  # (1, T + 1)
+    decoder_input, labels = training.teacher_forcing_pair(tgt)  # (1, T), (1, T)
+    T = decoder_input.size(1)
+    fig, ax = canvas(10.0, 4.9)
+    w, gap = 1.0, 0.25
+    x0 = 2.1
+
+    def xs(t: int) -> float:
+        return x0 + t * (w + gap)
+
+    # the target
+    ty = 4.05
+    text(ax, x0 - 0.15, ty + 0.2, "target\n(B, T + 1)", ha="right", size=9, weight="bold")
+    for t, token in enumerate(tokens):
+        box(ax, xs(t), ty, w, 0.4, token, color=BROWN, size=9.5,
+            fill=OFF if token == "<pad>" else None, text_color=MUTED if token == "<pad>" else INK)
+    # bracket lines for the two slices
+    ax.plot([xs(0), xs(T - 1) + w], [ty - 0.12, ty - 0.12], color=BLUE, lw=2)
+    text(ax, xs(0), ty - 0.28, "tgt[:, :-1]", size=8.5, color=BLUE, ha="left")
+    ax.plot([xs(1), xs(T) + w], [ty + 0.52, ty + 0.52], color=GREEN, lw=2)
+    text(ax, xs(T) + w, ty + 0.68, "tgt[:, 1:]", size=8.5, color=GREEN, ha="right")
+    # decoder input and labels, aligned by position
+    iy, ly = 2.6, 0.75
+    text(ax, x0 - 0.15, iy + 0.2, "decoder input\n(B, T)", ha="right", size=9, weight="bold", color=BLUE)
+    text(ax, x0 - 0.15, ly + 0.2, "labels\n(B, T)", ha="right", size=9, weight="bold", color=GREEN)
+    for t in range(T):
+        token_in, token_out = vocab[int(decoder_input[0, t])], vocab[int(labels[0, t])]
+        box(ax, xs(t), iy, w, 0.4, token_in, color=BLUE, size=9.5)
+        ignored = int(labels[0, t]) == tl.PAD_ID
+        box(ax, xs(t), ly, w, 0.4, token_out, color=OFF if ignored else GREEN, fill=OFF if ignored else None,
+            size=9.5, text_color=MUTED if ignored else INK)
+        text(ax, xs(t) + w / 2, iy + 0.58, f"t = {t}", size=8, color=MUTED)
+        arrow(ax, (xs(t) + w / 2, iy - 0.02), (xs(t) + w / 2, ly + 0.42), color=INK)
+        if t + 1 < T:  # the label at t is the input at t + 1
+            arrow(ax, (xs(t) + w - 0.05, ly + 0.42), (xs(t + 1) + 0.1, iy - 0.02), color=GREEN, ls="--", lw=1.0)
+    text(ax, xs(T - 1) + w / 2, ly - 0.2, "<pad>: skipped by the loss", size=8, color=MUTED)
+    text(ax, x0 - 0.15, 1.75, "the decoder predicts,\nat every position t,\nthe next token from\ninputs 0 … t "
+         "(causal mask)", ha="right", size=8, color=MUTED)
+    text(ax, xs(T) + 0.05, 1.6, "dashed: the label\nat t is the input\nat t + 1", size=8, color=GREEN,
+         ha="left")
+    return fig
+
+
+# ---- chapter 8 ----
+def _reversal_batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Chapter 7's task at a smaller size: 3 to 6 random digits and their reversal, fixed by the epoch."""
+    generator = torch.Generator().manual_seed(epoch)
+    first = len(tl.SPECIAL_TOKENS)
+    batches = []
+    for _ in range(10):
+        lengths = torch.randint(3, 7, (32,), generator=generator).tolist()
+        sources = [torch.randint(first, first + 10, (n,), generator=generator).tolist() for n in lengths]
+        targets = [[tl.BOS_ID, *reversed(s), tl.EOS_ID] for s in sources]
+        batches.append((tl.pad_batch(sources, tl.PAD_ID), tl.pad_batch(targets, tl.PAD_ID)))
+    return batches
+
+
+def _traced_beam_search(net, src: torch.Tensor, k: int, max_len: int, alpha: float) -> list[dict]:
+    """translation.beam_search for one sentence, recording every step's candidates; same scoring, no cache."""
+    memory = net.encode(src)
+    src_mask = masks.padding_mask(src, net.cfg.pad_id)
+    beams = [{"tokens": [tl.BOS_ID], "score": 0.0, "length": 0, "finished": False}]
+    steps = []
+    for _ in range(max_len):
+        tokens = torch.tensor([b["tokens"] for b in beams])  # (alive, t)
+        logits = net.decode(tokens, memory.expand(len(beams), -1, -1), src_mask.expand(len(beams), -1, -1, -1))
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (alive, V)
+        candidates = []
+        for b, beam in enumerate(beams):
+            if beam["finished"]:  # a finished hypothesis extends only with <pad>, at no cost
+                candidates.append({**beam, "tokens": beam["tokens"] + [tl.PAD_ID], "parent": b})
+                continue
+            for token in range(log_probs.size(1)):
+                length = beam["length"] + 1
+                score = beam["score"] + float(log_probs[b, token])  # summed log-probabilities, as in beam_search
+                candidates.append({"tokens": beam["tokens"] + [token], "score": score, "length": length,
+                                   "finished": token == tl.EOS_ID, "parent": b})
+        for c in candidates:
+            c["ranked"] = c["score"] / float(translation.length_penalty(torch.tensor(c["length"]), alpha))
+        order = sorted(range(len(candidates)), key=lambda i: -candidates[i]["ranked"])
+        kept = order[:k]
+        steps.append({"candidates": candidates, "kept": kept, "parents": beams})
+        beams = [candidates[i] for i in kept]
+        if all(b["finished"] for b in beams):
+            break
+    return steps
+
+
+@figure("beam_search_tree.svg", deps=(translation.beam_search, translation.length_penalty, training.train,
+                                       training.make_optimizer, training.translation_loss, training.greedy_decode,
+                                       model.Transformer))
+def beam_search_tree() -> plt.Figure:
+    """A beam-search tree (k = 3, alpha = 0.6) from a small reversal model trained here for a few seconds."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    V, first = len(tl.SPECIAL_TOKENS) + 10, len(tl.SPECIAL_TOKENS)
+    cfg = tl.TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=2, n_layers=1, d_ff=64,
+                               dropout=0.0, max_len=16)
+    net = tl.Transformer(cfg)
+    optimizer, scheduler = training.make_optimizer(net, cfg.d_model, warmup=50, factor=0.5)
+    training.train(net, _reversal_batches, optimizer, scheduler, max_steps=300, progress=False, log_every=25)
+    net.eval()
+    digits = [3, 8, 1, 8, 5]
+    src = torch.tensor([[first + d for d in digits]])  # (1, S)
+    k, alpha, max_len = 3, 0.6, 8
+    with torch.no_grad():
+        steps = _traced_beam_search(net, src, k, max_len, alpha)
+        library = translation.beam_search(net, src, beam_size=k, max_len=max_len, alpha=alpha)[0].tolist()
+        greedy = training.greedy_decode(net, src, max_len, tl.BOS_ID, tl.EOS_ID)[0].tolist()
+    final = [steps[-1]["candidates"][i] for i in steps[-1]["kept"]]
+    best = max(final, key=lambda c: c["ranked"])
+    traced = best["tokens"][1:] + [tl.PAD_ID] * (len(library) - len(best["tokens"][1:]))
+    assert traced[: len(library)] == library, (traced, library)  # the trace is the library's search
+
+    def word(i: int) -> str:
+        return tl.SPECIAL_TOKENS[i] if i < first else str(i - first)
+
+    def text_of(ids: list[int]) -> str:
+        out = []
+        for i in ids:
+            if i in (tl.EOS_ID, tl.PAD_ID):
+                break
+            out.append(word(i))
+        return " ".join(out)
+
+    shown_per_parent = 3
+    n_steps = len(steps)
+    fig, ax = canvas(10.0, 6.6)
+    col_w = 8.6 / (n_steps + 0.6)
+    x_of = [0.55 + col_w * (s + 1) for s in range(n_steps)]
+    bw, bh = min(1.15, col_w - 0.35), 0.3
+    # the root
+    root_y = 3.35
+    box(ax, 0.25, root_y - bh / 2, 0.62, bh, "<bos>", color=BROWN, size=8)
+    positions = {(): (0.25 + 0.62, root_y)}  # prefix after <bos> -> right edge and centre of its node
+    best_path = {tuple(best["tokens"][1:][:n]) for n in range(1, len(best["tokens"]))}
+    top, bottom = 5.65, 0.85
+    for s, step in enumerate(steps):
+        kept = set(step["kept"])
+        shown = []
+        alive = [b for b, parent in enumerate(step["parents"]) if not parent["finished"]]
+        alive.sort(key=lambda b: -positions[tuple(step["parents"][b]["tokens"][1:])][1])  # top to bottom
+        for b in alive:  # each parent's best few candidates, and every kept one
+            children = [i for i, c in enumerate(step["candidates"]) if c["parent"] == b]
+            children.sort(key=lambda i: -step["candidates"][i]["ranked"])
+            chosen = children[:shown_per_parent]
+            chosen += [i for i in children if i in kept and i not in chosen]
+            shown.extend(chosen)
+        ys = torch.linspace(top, bottom, len(shown) + 2)[1:-1].tolist() if len(shown) > 1 else [root_y]
+        for y, i in zip(ys, shown):
+            c = step["candidates"][i]
+            prefix = tuple(c["tokens"][1:])
+            is_kept, on_best = i in kept, prefix in best_path
+            colour = RED if on_best else (BLUE if is_kept else OFF)
+            label = f"{word(c['tokens'][-1])}  {c['score']:.2f}"
+            box(ax, x_of[s], y - bh / 2, bw, bh, label, color=colour if is_kept else EDGE,
+                fill=LIGHT.get(colour, OFF), size=7.5, text_color=INK if is_kept else MUTED,
+                lw=1.8 if on_best else 1.0, ls="-" if is_kept else ":")
+            px, py = positions[prefix[:-1]]
+            arrow(ax, (px, py), (x_of[s], y), color=(RED if on_best else INK) if is_kept else EDGE,
+                  lw=1.5 if on_best else 0.9, style="-", shrink=0.5)
+            if is_kept:
+                positions[prefix] = (x_of[s] + bw, y)
+        text(ax, x_of[s] + bw / 2, 5.85, f"step {s + 1}", size=8.5, color=MUTED)
+    text(ax, 0.3, 6.24, f"source: {' '.join(map(str, digits))}", size=9, ha="left", weight="bold")
+    result = text_of(best["tokens"][1:])
+    greedy_text = text_of(greedy)
+    text(ax, 0.3, 0.7, f"beam search (k = {k}, α = {alpha}): {result}      greedy decoding: {greedy_text}      "
+         f"correct: {' '.join(map(str, reversed(digits)))}", size=8.5, ha="left")
+    # legend
+    lx = 0.3
+    for j, (colour, fill, ls, label) in enumerate([(RED, LIGHT[RED], "-", "on the best hypothesis"),
+                                                    (BLUE, LIGHT[BLUE], "-", "kept in the beam"),
+                                                    (EDGE, OFF, ":", "pruned")]):
+        box(ax, lx + j * 2.1 + 3.5, 6.13, 0.3, 0.22, color=colour, fill=fill, ls=ls)
+        text(ax, lx + j * 2.1 + 3.88, 6.24, label, size=8, ha="left")
+    text(ax, 0.3, 0.3, "each node: the token added and the summed log-probability of its hypothesis. A hypothesis "
+         "ended by <eos> keeps its place\nuntil better ones push it out; at the end, the winner is the one with the "
+         "best log-probability / length penalty.", size=7.5, color=MUTED, ha="left")
+    return fig
+
+
+# ---- writing and checking ----
+def source_hash(name: str) -> str:
+    """Hash of the figure's function, the shared helpers and style, and the library code it draws."""
+    entry = REGISTRY[name]
+    parts = [inspect.getsource(entry["fn"]), json.dumps(STYLE, sort_keys=True),
+             repr((INK, MUTED, PANEL, EDGE, LIGHT, OFF, HEADS))]
+    parts += [inspect.getsource(helper) for helper in SHARED]
+    parts += [inspect.getsource(dep) for dep in entry["deps"]]
+    parts += [inspect.getsource(obj) for obj in _private_helpers(entry["fn"])]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _private_helpers(fn: Callable) -> list:
+    """Module-level helpers (names starting with _) that a figure function calls directly."""
+    names = fn.__code__.co_names
+    return [globals()[n] for n in sorted(set(names)) if n.startswith("_") and callable(globals().get(n))]
+
+
+def render(name: str) -> bytes:
+    """Draw one figure and return its SVG bytes."""
+    threads = torch.get_num_threads()
+    with plt.rc_context(STYLE), torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
+        try:
+            fig = REGISTRY[name]["fn"]()
+        finally:
+            torch.set_num_threads(threads)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="svg", transparent=True, metadata={"Date": None, "Creator": "tools/figures.py"})
+        plt.close(fig)
+    return buffer.getvalue()
+
+
+def png_copy(name: str, path: Path, dpi: int = 110) -> None:
+    """Draw one figure as a PNG, for looking at it."""
+    threads = torch.get_num_threads()
+    with plt.rc_context(STYLE), torch.random.fork_rng(devices=[]):
+        try:
+            fig = REGISTRY[name]["fn"]()
+        finally:
+            torch.set_num_threads(threads)
+        fig.savefig(path, format="png", dpi=dpi, transparent=True)
+        plt.close(fig)
+
+
+def write_all(out: Path, png: Path | None = None) -> dict:
+    """Draw every figure into out; return the manifest entries."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {}
+    for name in REGISTRY:
+        data = render(name)
+        (out / name).write_bytes(data)
+        if png is not None:
+            png.mkdir(parents=True, exist_ok=True)
+            png_copy(name, png / (Path(name).stem + ".png"))
+        manifest[name] = {"source_sha256": source_hash(name), "file_sha256": hashlib.sha256(data).hexdigest(),
+                          "matplotlib": matplotlib.__version__, "torch": torch.__version__.split("+")[0]}
+        print(f"wrote {out / name}")
+    return manifest
+
+
+def problems(folder: Path = FIGURES_DIR) -> list[str]:
+    """Every way in which the figures in folder differ from what the script would draw now."""
+    if not (folder / "manifest.json").exists():
+        return [f"{folder / 'manifest.json'} is missing"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    found = []
+    for name in REGISTRY:
+        path = folder / name
+        if name not in manifest:
+            found.append(f"{name}: not in the manifest")
+        elif not path.exists():
+            found.append(f"{name}: file missing")
+        elif manifest[name]["source_sha256"] != source_hash(name):
+            found.append(f"{name}: its drawing code or the library code it shows changed since it was drawn")
+        elif manifest[name]["file_sha256"] != hashlib.sha256(path.read_bytes()).hexdigest():
+            found.append(f"{name}: the file was changed by hand or not regenerated")
+    found += [f"{name}: in the manifest but drawn by no function" for name in manifest if name not in REGISTRY]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a figure is missing or out of date")
+    parser.add_argument("--out", type=Path, default=None, help="draw into this folder instead of book/figures")
+    parser.add_argument("--png", type=Path, default=None, help="also write PNG copies into this folder")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = problems()
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("run `python tools/figures.py` and commit book/figures/", file=sys.stderr)
+        return 1 if found else 0
+    manifest = write_all(args.out or FIGURES_DIR, args.png)
+    if args.out is None:
+        MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

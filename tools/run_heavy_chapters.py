@@ -1,0 +1,218 @@
+"""Run the heavy chapters (8, then 9) for real and store their outputs, with a record of the run.
+
+    python tools/run_heavy_chapters.py                 # both chapters, full mode, on the best device here
+    python tools/run_heavy_chapters.py --check         # exit 1 if a stored record does not match its notebook
+
+Chapters 8 and 9 train and read a real translator, which takes too long to run whenever the book is built, so the
+book shows the outputs of their latest full run instead (CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9').
+This tool is the only way those outputs get into the notebooks: it executes each notebook top to bottom with
+nbclient, in full mode (it refuses to run with TRANSFORMER_BOOK_SMOKE set), writes the outputs into the notebook,
+and records in the notebook's metadata, under "transformer_book" -> "run": the hardware (CPU model and cores, GPU
+name if one was used), the Python, torch and transformer_lib versions, the date, the wall time and a hash of the
+notebook's code cells. It also rewrites the note at the top of the chapter (the markdown cell tagged "provenance")
+from that record, so a reader sees where the outputs come from. tests/test_heavy_chapters.py fails when a code cell
+changes after the run: run this tool again, never edit outputs by hand.
+
+Chapter 9 reads chapter 8's checkpoint from book/runs/, so the two run in that order, in the book folder.
+Progress bars are stored as a terminal would show them: each carriage-return update replaces the line it rewrites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+HEAVY_CHAPTERS = ("08_translation.ipynb", "09_attention_heatmaps.ipynb")
+RECORD_KEY = "transformer_book"
+PROVENANCE_TAG = "provenance"
+SMOKE_MARKERS = ("TRANSFORMER_BOOK_SMOKE=1", "smoke run: True", "smoke run of this chapter")  # never in a full run
+MAX_STREAM_OUTPUTS, MAX_STREAM_LINES = 60, 300  # per cell: a collapsed progress bar is one line per epoch
+NOT_RECORDED = (
+    ":::{note}\n"
+    "This chapter's outputs have not been recorded yet. `python tools/run_heavy_chapters.py` runs chapters 8 and 9 in\n"
+    "full and stores their outputs here, with the hardware, versions and wall time of that run.\n"
+    ":::"
+)
+
+
+def code_hash(notebook: dict) -> str:
+    """sha256 of the notebook's code cells, in order: what the stored outputs were computed from."""
+    digest = hashlib.sha256()
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            digest.update(source.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def hardware() -> dict:
+    """What the notebooks will run on: the device transformer_lib picks, the CPU, and the GPU if there is one."""
+    import torch
+
+    import transformer_lib as tl
+
+    device = tl.get_device()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"device": device.type, "gpu": gpu, "cpu": tl.runtime.cpu_name(), "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads()}
+
+
+def provenance_note(record: dict) -> str:
+    """The note at the top of a heavy chapter, generated from its run record."""
+    hw = record["hardware"]
+    if hw["gpu"]:
+        where = f"one {hw['gpu']} GPU"
+    else:
+        where = f"a CPU only, no GPU: {hw['cpu']}, {hw['cores']} cores"
+    return (
+        ":::{note}\n"
+        f"The outputs on this page come from a full run of this notebook on {where}, on {record['date']}, "
+        f"which took {record['wall_minutes']:.0f} minutes (Python {record['python']}, torch {record['torch']}, "
+        f"transformer_lib {record['transformer_lib']}). They were stored by `python tools/run_heavy_chapters.py`, "
+        "which also recorded these facts in the notebook; a test checks that no code cell changed since. Run the "
+        "notebook yourself (in Colab, *Runtime → Change runtime type* offers a GPU) and your numbers will differ "
+        "somewhat.\n"
+        ":::"
+    )
+
+
+def collapse_carriage_returns(text: str) -> str:
+    """Render progress-bar output as a terminal shows it: the text after a line's last carriage return wins."""
+    lines = text.split("\n")
+    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r") for line in lines)
+
+
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stream outputs of the same stream, as Jupyter displays them.
+
+    The kernel sends every write of a progress bar as an output of its own (thousands for one training run); only
+    once they are joined can the carriage returns between them be collapsed.
+    """
+    merged = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (output.get("output_type") == "stream" and previous is not None
+                and previous.get("output_type") == "stream" and previous.get("name") == output.get("name")):
+            previous["text"] = previous["text"] + output["text"]
+        else:
+            merged.append(output)
+    return merged
+
+
+def tidy_outputs(notebook) -> None:
+    """Join each cell's consecutive stream outputs and collapse carriage-return updates (tqdm), in place."""
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        cell["outputs"] = merge_streams(cell.get("outputs", []))
+        for output in cell["outputs"]:
+            if output.get("output_type") == "stream" and "\r" in output.get("text", ""):
+                output["text"] = collapse_carriage_returns(output["text"])
+
+
+def set_provenance(notebook, note: str) -> None:
+    """Replace the text of the markdown cell tagged 'provenance' (there must be exactly one)."""
+    cells = [c for c in notebook.cells if PROVENANCE_TAG in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise SystemExit(f"error: expected one markdown cell tagged {PROVENANCE_TAG!r}, found {len(cells)}")
+    cells[0].source = note
+
+
+def run_chapter(path: Path, timeout: int) -> dict:
+    """Execute one notebook in full mode, store its outputs and its run record; return the record."""
+    import nbformat
+    import torch
+    from nbclient import NotebookClient
+
+    import transformer_lib as tl
+
+    notebook = nbformat.read(path, as_version=4)
+    record = {
+        "hardware": hardware(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformer_lib": tl.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "code_hash": code_hash(notebook),
+        "tool": "tools/run_heavy_chapters.py",
+    }
+    print(f"{path.name}: running on {record['hardware']} ...", flush=True)
+    started = time.perf_counter()
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}})
+    client.execute()
+    record["wall_minutes"] = round((time.perf_counter() - started) / 60, 1)
+    tidy_outputs(notebook)
+    notebook.metadata.setdefault(RECORD_KEY, {})["run"] = record
+    set_provenance(notebook, provenance_note(record))
+    nbformat.write(notebook, path)
+    print(f"{path.name}: done in {record['wall_minutes']} min; outputs stored", flush=True)
+    return record
+
+
+def check(paths: list[Path]) -> list[str]:
+    """Problems with the stored runs: a missing record, changed code, an error output, a smoke-run marker."""
+    problems = []
+    for path in paths:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        record = notebook["metadata"].get(RECORD_KEY, {}).get("run")
+        if record is None:
+            problems.append(f"{path.name}: no run recorded; run python tools/run_heavy_chapters.py")
+            continue
+        if record["code_hash"] != code_hash(notebook):
+            problems.append(f"{path.name}: a code cell changed after the recorded run; run the tool again")
+        for index, cell in enumerate(notebook["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            expected_error = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+            for output in cell.get("outputs", []):
+                if output["output_type"] == "error" and not expected_error:
+                    problems.append(f"{path.name}: cell {index} stored an error ({output.get('ename')})")
+                text = json.dumps(output)
+                if any(marker in text for marker in SMOKE_MARKERS):
+                    problems.append(f"{path.name}: cell {index} shows a smoke-run marker")
+            streams = [o for o in cell.get("outputs", []) if o["output_type"] == "stream"]
+            lines = sum("".join(o["text"]).count("\n") + 1 for o in streams)
+            if len(streams) > MAX_STREAM_OUTPUTS or lines > MAX_STREAM_LINES:
+                problems.append(f"{path.name}: cell {index} stores {len(streams)} stream outputs of {lines} lines "
+                                f"(at most {MAX_STREAM_OUTPUTS} and {MAX_STREAM_LINES}): a progress bar was not "
+                                "collapsed")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", default=list(HEAVY_CHAPTERS), help="notebooks in book/ (default: both)")
+    parser.add_argument("--timeout", type=int, default=3 * 3600, help="seconds per cell (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="only check the stored records")
+    args = parser.parse_args(argv)
+    paths = [BOOK / Path(name).name for name in args.chapters]
+    for path in paths:
+        if path.name not in HEAVY_CHAPTERS or not path.is_file():
+            parser.error(f"chapter {path.name!r} is not one of the heavy chapters {HEAVY_CHAPTERS}")
+    if args.check:
+        problems = check(paths)
+        print("\n".join(problems) or "the stored runs match their notebooks")
+        return 1 if problems else 0
+    if os.environ.get("TRANSFORMER_BOOK_SMOKE"):
+        parser.error("TRANSFORMER_BOOK_SMOKE is set: this tool stores full runs only; unset it")
+    for path in paths:
+        run_chapter(path, args.timeout)
+    problems = check(paths)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

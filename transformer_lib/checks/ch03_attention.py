@@ -1,0 +1,110 @@
+"""The named check of chapter 3's coding exercise (book/03_attention.ipynb): scaled dot-product attention."""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .engine import _generator, _name_number, _randint, _run
+
+
+def _attention_variant(divisor: Callable[[int], float] = math.sqrt, dim: int = -1,
+                       fill: Callable[[Tensor], Tensor] = lambda mask: ~mask, value: float = float("-inf")):
+    """Attention with one thing changed; the checks use these to recognise common mistakes."""
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        scores = q @ k.transpose(-2, -1) / divisor(q.size(-1))  # (..., T_q, T_k)
+        if mask is not None:
+            scores = scores.masked_fill(fill(mask), value)
+        weights = torch.softmax(scores, dim=dim)  # (..., T_q, T_k)
+        return weights @ v, weights  # (..., T_q, d_v)
+
+    return attention
+
+
+def _estimate_divisor(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor | None) -> float | None:
+    """The c for which weights = softmax(q k^T / c) row by row, or None if no single c explains them."""
+    scores = (q.double() @ k.double().transpose(-2, -1)).expand(weights.shape)  # (..., T_q, T_k)
+    allowed = torch.ones_like(weights, dtype=torch.bool) if mask is None else mask.expand(weights.shape)
+    allowed = allowed & (weights > 1e-12)
+    log_w = weights.double().clamp_min(1e-300).log()
+    count = allowed.sum(dim=-1, keepdim=True).clamp_min(1)
+    s = torch.where(allowed, scores - (scores * allowed).sum(-1, keepdim=True) / count, 0.0)  # centred per row
+    w = torch.where(allowed, log_w - (log_w * allowed).sum(-1, keepdim=True) / count, 0.0)
+    slope = (s * w).sum() / (s * s).sum()  # least squares: w = s * slope
+    if not torch.isfinite(slope) or slope <= 0 or (w - s * slope).abs().max() > 1e-3 * (1 + w.abs().max()):
+        return None
+    return 1.0 / slope.item()
+
+
+def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
+    if not (isinstance(received, tuple) and len(received) == 2 and all(isinstance(r, Tensor) for r in received)):
+        return None
+    output, weights = received
+    if weights.shape != expected[1].shape or not weights.dtype.is_floating_point:
+        return None
+    mask = case.get("mask")
+    if mask is not None:
+        leak = (weights.abs() > 1e-6) & ~mask.expand(weights.shape)
+        if leak.any():
+            index = tuple(leak.nonzero()[0].tolist())
+            *_, i, j = index
+            return (f"Likely cause: query position {i} gives weight {weights[index].item():.3g} to key position {j}, "
+                    f"which the mask forbids (False there). A masked key must get weight exactly 0: fill its score "
+                    f"with -inf, `scores.masked_fill(~mask, float('-inf'))`, before the softmax.")
+    if torch.allclose(weights, expected[1], atol=1e-5, rtol=1e-5):
+        return "Likely cause: your weights are right but the output is not; the output is `weights @ v`."
+    divisor = _estimate_divisor(case["q"], case["k"], weights, mask)
+    d_k = case["q"].size(-1)
+    if divisor is not None and abs(divisor - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
+        label = _name_number(divisor)
+        return (f"Likely cause: your weights are softmax(q k^T / {divisor:.4g}){f' (= {label})' if label else ''}, "
+                f"but the paper divides the scores by sqrt(d_k) = sqrt({d_k}) = {math.sqrt(d_k):.4g}, where "
+                f"d_k = q.size(-1) is the size of one query (in multi-head attention d_model / n_heads, not d_model).")
+    return None
+
+
+def check_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None = None) -> None:
+    """Check fn(q, k, v, mask=None) -> (output, weights) against tl.scaled_dot_product_attention on fresh inputs."""
+    from transformer_lib.attention import scaled_dot_product_attention
+
+    g, seed = _generator(seed)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=g)
+
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]  # (1, 1, 6, 6): key j <= query i
+    padding = torch.rand(2, 1, 1, 7, generator=g) > 0.5  # (B, 1, 1, T_k): random padding-like mask
+    padding[..., 0] = True  # every query keeps at least one key
+    lengths = torch.tensor([5, _randint(1, 5, g)])  # two target sentences, the second padded
+    target = (torch.arange(5)[None, :] < lengths[:, None])[:, None, None, :] & torch.ones(5, 5, dtype=torch.bool).tril()
+    cases = [
+        ("self-attention", {"q": randn(2, 5, 8), "k": randn(2, 5, 8), "v": randn(2, 5, 8)}),
+        ("T_q != T_k and d_v != d_k", {"q": randn(2, 3, 16), "k": randn(2, 7, 16), "v": randn(2, 7, 4)}),
+        ("a single key", {"q": randn(1, 4, 8), "k": randn(1, 1, 8), "v": randn(1, 1, 8)}),
+        ("a single query", {"q": randn(3, 1, 4), "k": randn(3, 6, 4), "v": randn(3, 6, 4)}),
+        ("a causal mask over 4 heads",
+         {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 8), "mask": causal}),
+        ("a padding mask, T_q != T_k",
+         {"q": randn(2, 4, 3, 8), "k": randn(2, 4, 7, 8), "v": randn(2, 4, 7, 5), "mask": padding}),
+        ("a decoder mask: padding and causal (B, 1, T, T)",
+         {"q": randn(2, 2, 5, 16), "k": randn(2, 2, 5, 16), "v": randn(2, 2, 5, 16), "mask": target}),
+    ]
+    hints = {
+        "the scores are divided by d_k; the paper divides them by sqrt(d_k)": _attention_variant(lambda d_k: d_k),
+        "the scores are not scaled; divide them by sqrt(d_k)": _attention_variant(lambda d_k: 1.0),
+        "the scores are multiplied by sqrt(d_k) instead of divided by it":
+            _attention_variant(lambda d_k: 1 / math.sqrt(d_k)),
+        "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys (dim=-1)":
+            _attention_variant(dim=-2),
+        "masked_fill put -inf where the mask is True, but True means 'may take part': fill where ~mask":
+            _attention_variant(fill=lambda mask: mask),
+        "the masked scores are set to 0, which still gives them weight after the softmax: set them to -inf":
+            _attention_variant(value=0.0),
+        "the pair is in the wrong order: return (output, weights), not (weights, output)":
+            lambda q, k, v, mask=None: _attention_variant()(q, k, v, mask)[::-1],
+    }
+    _run("check_attention", fn, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask), cases, seed,
+         hints=hints, item_names=("output", "weights"), diagnose=_attention_diagnosis)

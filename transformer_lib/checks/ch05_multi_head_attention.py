@@ -1,0 +1,138 @@
+"""The named checks of chapter 5's two coding exercises (book/05_multi_head_attention.ipynb): each head's share of
+the output, and attention computed block by block."""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .engine import _generator, _randint, _run
+
+
+def _head_outputs(attention: nn.Module, x: Tensor, split: str = "transpose", w_o_block: str = "columns",
+                  bias: bool = False) -> Tensor:
+    """Each head's share of attention(x, x, x)[0] (B, h, T, d_model), with optional mistakes to recognise them."""
+    from transformer_lib.attention import scaled_dot_product_attention
+
+    batch, length, d_model = x.shape
+    h, d_k = attention.n_heads, attention.d_k
+
+    def heads_of(t: Tensor) -> Tensor:  # (B, T, d_model) -> (B, h, T, d_k)
+        if split == "view":
+            return t.reshape(batch, h, length, d_k)
+        return t.view(batch, length, h, d_k).transpose(1, 2)
+
+    q, k, v = (heads_of(layer(x)) for layer in (attention.w_q, attention.w_k, attention.w_v))
+    heads, _ = scaled_dot_product_attention(q, k, v)  # (B, h, T, d_k)
+    if w_o_block == "columns":  # head i meets columns i*d_k .. (i+1)*d_k - 1 of w_o.weight (d_model, d_model)
+        w_o = attention.w_o.weight.view(d_model, h, d_k).permute(1, 2, 0)  # (h, d_k, d_model)
+    else:
+        w_o = attention.w_o.weight.view(h, d_k, d_model)  # (h, d_k, d_model): rows, the wrong block
+    out = heads @ w_o.unsqueeze(0)  # (B, h, T, d_k) @ (1, h, d_k, d_model) -> (B, h, T, d_model)
+    return out + attention.w_o.bias if bias else out
+
+
+def check_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+    """Check fn(attention, x) -> each head's share (B, h, T, d_model) of attention(x, x, x)[0], bias left out."""
+    from transformer_lib.multihead import MultiHeadAttention
+
+    g, seed = _generator(seed)
+
+    def layer(d_model: int, n_heads: int) -> MultiHeadAttention:
+        with torch.random.fork_rng(devices=[]):  # the default initialisation is overwritten below
+            attention = MultiHeadAttention(d_model, n_heads).eval()
+        with torch.no_grad():
+            for linear in (attention.w_q, attention.w_k, attention.w_v, attention.w_o):
+                linear.weight.copy_(torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model))
+                linear.bias.copy_(torch.randn(d_model, generator=g))  # a bias that shows if it is counted h times
+        return attention
+
+    sizes = [("", 2, 5, 16, 4), ("a single position", 3, 1, 8, 2), ("a single head", 2, 6, 12, 1),
+             ("", 1, 7, 24, 3), ("eight heads of d_k = 4", 2, 9, 32, 8), ("as many positions as heads", 2, 4, 16, 4)]
+    heads = _randint(1, 4, g)
+    sizes.append(("a random size", _randint(1, 3, g), _randint(1, 9, g), heads * _randint(1, 6, g), heads))
+    cases = [(note, {"attention": layer(d_model, h), "x": torch.randn(batch, length, d_model, generator=g)})
+             for note, batch, length, d_model, h in sizes]
+    hints = {
+        "head i's block of W^O was taken from rows i*d_k .. (i+1)*d_k - 1 of w_o.weight; nn.Linear stores W^O "
+        "transposed, as (out_features, in_features), so head i's outputs meet the columns i*d_k .. (i+1)*d_k - 1":
+            lambda attention, x: _head_outputs(attention, x, w_o_block="rows"),
+        "every head's share includes the output bias w_o.bias; the layer adds it once, after the sum over the heads, "
+        "so leave it out": lambda attention, x: _head_outputs(attention, x, bias=True),
+        "x.view(B, n_heads, T, d_k) cuts the heads across positions; view as (B, T, n_heads, d_k), then "
+        "transpose(1, 2)": lambda attention, x: _head_outputs(attention, x, split="view"),
+    }
+
+    def diagnose(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
+        if not (isinstance(received, Tensor) and received.shape == expected.shape):
+            return None
+        attention, x = case["attention"], case["x"]
+        total = received.sum(dim=1) + attention.w_o.bias  # (B, T, d_model)
+        if torch.allclose(total, attention(x, x, x)[0], atol=1e-4, rtol=1e-4):
+            return ("Your shares do add up to the layer's output, but they are divided among the heads differently: "
+                    "head i's share must come from head i's attention output alone.")
+        return "Your shares plus w_o.bias do not add up to attention(x, x, x)[0]; that is a first thing to test."
+
+    _run("check_head_outputs", fn, _head_outputs, cases, seed, hints=hints, diagnose=diagnose)
+
+
+def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale: bool = True, divide: bool = True,
+                      accumulate: bool = True, scale: bool = True, last_block: bool = True) -> Tensor:
+    """Block-by-block attention with optional mistakes, to recognise them in a learner's answer."""
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (B, h, T_q, 1)
+    total, out = q.new_zeros((*q.shape[:-1], 1)), q.new_zeros((*q.shape[:-1], v.size(-1)))
+    stop = k.size(-2) if last_block else k.size(-2) - block_size + 1
+    for start in range(0, stop, block_size):
+        s = q @ k[..., start : start + block_size, :].transpose(-2, -1)  # (B, h, T_q, blk)
+        s = s / math.sqrt(q.size(-1)) if scale else s
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)  # (B, h, T_q, blk)
+        factor = torch.exp(m - m_new) if rescale else torch.ones_like(m)
+        keep = 1.0 if accumulate else 0.0
+        total = keep * total * factor + p.sum(-1, keepdim=True)
+        out = keep * out * factor + p @ v[..., start : start + block_size, :]  # (B, h, T_q, d_v)
+        m = m_new
+    return out / total if divide else out
+
+
+def check_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+    """Check fn(q, k, v, block_size) -> softmax(q k^T / sqrt(d_k)) v against tl.scaled_dot_product_attention."""
+    from transformer_lib.attention import scaled_dot_product_attention
+
+    g, seed = _generator(seed)
+
+    def qkv(batch: int, heads: int, t_q: int, t_k: int, d_k: int, spread: float = 1.0) -> dict:
+        return {"q": spread * torch.randn(batch, heads, t_q, d_k, generator=g),
+                "k": spread * torch.randn(batch, heads, t_k, d_k, generator=g),
+                "v": torch.randn(batch, heads, t_k, d_k, generator=g)}
+
+    t_k = _randint(1, 20, g)
+    cases = [
+        ("the last block is shorter (7 keys, blocks of 3)", {**qkv(2, 4, 5, 7, 8), "block_size": 3}),
+        ("blocks of one key", {**qkv(1, 2, 6, 6, 4), "block_size": 1}),
+        ("one block larger than all the keys", {**qkv(3, 1, 4, 5, 16), "block_size": 8}),
+        ("a single query", {**qkv(2, 8, 1, 9, 8), "block_size": 4}),
+        ("a single key", {**qkv(2, 2, 3, 1, 8), "block_size": 2}),
+        ("large scores: the running maximum changes from block to block",
+         {**qkv(1, 4, 10, 12, 8, 4.0), "block_size": 5}),
+        ("a random size", {**qkv(_randint(1, 3, g), _randint(1, 4, g), _randint(1, 8, g), t_k, 8),
+                           "block_size": _randint(1, t_k, g)}),
+    ]
+    hints = {
+        "the running sum and output are not rescaled by exp(m - m_new) when the maximum grows":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, rescale=False),
+        "the output is not divided by the running sum at the end: return o / l":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, divide=False),
+        "the running sum and output are overwritten by each block instead of added up":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, accumulate=False),
+        "the scores are not scaled; divide them by sqrt(d_k)":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, scale=False),
+        "the last, shorter block is left out: loop `for start in range(0, T_k, block_size)` and slice "
+        "k[..., start:start + block_size, :]":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, last_block=False),
+    }
+    _run("check_blockwise_attention", fn,
+         lambda q, k, v, block_size: scaled_dot_product_attention(q, k, v)[0], cases, seed, atol=2e-5, rtol=1e-4,
+         hints=hints)

@@ -1,0 +1,335 @@
+"""Safe run folders, settings and checkpoints (hand-written: plumbing the chapters call in one line each).
+
+- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target, flushed to disk (fsync)
+  and renamed over it with os.replace, so that a crash or Ctrl-C leaves either the old file or the new one,
+  never half of one.
+- `merge_settings`, `validate_settings`: a run's settings checked in one place; an unknown key is refused with the
+  closest valid name, a bad value with the key, the value and what is allowed.
+- `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it.
+- `checkpoint_errors`, `check_checkpoint`: a corrupt or foreign checkpoint gives one clear line, not a traceback.
+- `interrupt_guard`, `diverged`: Ctrl-C ends a training step cleanly; a non-finite loss stops the run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+import math
+import os
+import pickle
+import signal
+import threading
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+RUN_FILES = ("checkpoint.pt", "tokenizer.json", "history.json")
+
+
+# ---- files that are never half-written ----
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in folder durable (POSIX); Windows cannot open a folder, and needs no such step."""
+    if os.name != "posix":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """Open path.tmp for writing; on success flush, fsync and os.replace it onto path; on failure remove it."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")  # same folder, so that os.replace is a rename, not a copy
+    try:
+        with open(temporary, mode, encoding=encoding if mode == "w" else None) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+        _fsync_folder(path.parent)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write text (UTF-8) to path atomically: readers see the old file or the new one, never a part."""
+    with atomic_open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+
+
+def strict_json(value: Any) -> Any:
+    """value with every NaN or infinity replaced by None, so that json.dumps gives strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write value as strict JSON (non-finite numbers become null), atomically."""
+    atomic_write_text(path, json.dumps(strict_json(value), allow_nan=False) + "\n")
+
+
+# ---- settings ----
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _non_negative_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+RULES: dict[str, dict[str, tuple]] = {
+    # part -> key -> (test, what is allowed)
+    "model": {
+        "d_model": (_positive_int, "a positive integer"),
+        "n_heads": (_positive_int, "a positive integer that divides d_model"),
+        "n_layers": (_positive_int, "a positive integer"),
+        "d_ff": (_positive_int, "a positive integer"),
+        "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        "max_len": (lambda v: _positive_int(v) and v >= 3, "an integer >= 3 (<bos>, a token, <eos>)"),
+        "norm_first": (lambda v: isinstance(v, bool), "true or false"),
+        "positional": (lambda v: v in ("sinusoidal", "learned"), "'sinusoidal' or 'learned'"),
+    },
+    "training": {
+        "vocab_size": (lambda v: _positive_int(v) and v >= 5, "an integer >= 5 (4 special tokens and a word)"),
+        "max_tokens": (_positive_int, "a positive integer, at least model.max_len"),
+        "warmup": (_positive_int, "a positive integer (steps)"),
+        "lr_factor": (lambda v: _number(v) and v > 0, "a number > 0"),
+        "epochs": (_positive_int, "a positive integer"),
+        "label_smoothing": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        "checkpoint_every": (_positive_int, "a positive integer (steps between checkpoints)"),
+        "bleu_every": (_non_negative_int, "an integer >= 0 (epochs between BLEU scores; 0 for never)"),
+        "tokenizer": (lambda v: v in ("bpe", "word"), "'bpe' or 'word'"),
+    },
+}
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if c.startswith(name)]
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def merge_settings(defaults: dict, overrides: Any, source: str = "overrides") -> dict:
+    """defaults ({"model": {...}, "training": {...}}) with overrides applied; unknown parts and keys are refused."""
+    settings = {part: dict(values) for part, values in defaults.items()}
+    if overrides is None:
+        return settings
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            f'{source} must be a JSON object like {{"model": {{"d_model": 256}}, "training": {{"epochs": 5}}}}, '
+            f"got {type(overrides).__name__} {overrides!r:.60}"
+        )
+    for part, values in overrides.items():
+        if part not in settings:
+            raise ValueError(f"{source}: {part!r} is not a part of the settings; {_suggest(part, list(settings))}"
+                             f"expected {' or '.join(map(repr, settings))}")
+        if not isinstance(values, dict):
+            raise ValueError(f"{source}: {part!r} must be an object of settings, got {type(values).__name__} "
+                             f"{values!r:.60}")
+        known = sorted(set(settings[part]) | set(RULES.get(part, {})))
+        for key, value in values.items():
+            if key not in known:
+                raise ValueError(f"{source}: {part}.{key} is not a setting; {_suggest(key, known)}"
+                                 f"the {part} settings are {', '.join(known)}")
+            settings[part][key] = value
+    return settings
+
+
+def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
+    """Check every value of settings; the error names the key, the value and what is allowed. Returns settings."""
+    for part, values in settings.items():
+        for key, value in values.items():
+            test, allowed = RULES.get(part, {}).get(key, (None, None))
+            if test is None and defaults is not None and key in defaults.get(part, {}):
+                default = defaults[part][key]  # a setting without a rule: keep the type of its default
+                test = lambda v, d=default: type(v) is type(d) or (_number(v) and _number(d) and type(d) is float)
+                allowed = f"a {type(default).__name__} like its default {default!r}"
+            if test is not None and not test(value):
+                raise ValueError(f"setting {part}.{key} must be {allowed}, got {value!r}")
+    model, training = settings.get("model", {}), settings.get("training", {})
+    if "d_model" in model and "n_heads" in model and model["d_model"] % model["n_heads"]:
+        raise ValueError(f"setting model.d_model must be divisible by model.n_heads, got d_model={model['d_model']} "
+                         f"and n_heads={model['n_heads']}")
+    if "max_tokens" in training and "max_len" in model and training["max_tokens"] < model["max_len"]:
+        raise ValueError(f"setting training.max_tokens must be at least model.max_len={model['max_len']} (a batch "
+                         f"must hold the longest sentence), got {training['max_tokens']}")
+    return settings
+
+
+def read_settings_file(path: str | Path) -> Any:
+    """The JSON of a settings file (--config), with the line and column of a syntax error."""
+    text = read_text(path, "--config")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--config {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: "
+                         f"{error.msg}); fix the file, e.g. check it with `python -m json.tool {path}`") from None
+    if not isinstance(value, dict):
+        raise ValueError(f'--config {str(path)!r} must hold a JSON object like {{"training": {{"epochs": 5}}}}, '
+                         f"got {json.dumps(value)[:60]}")
+    return value
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file, with an error naming the file and the first bad byte when it is not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
+                         f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`") from None
+
+
+def check_data_file(path: str | Path) -> Path:
+    """A local corpus file must be UTF-8 text with at least one line: say so, naming it, before datasets fails."""
+    if not read_text(path, "data file").strip():
+        raise ValueError(f"data file {str(path)!r} is empty; expected one JSON object per line, with a string for "
+                         f"each language")
+    return Path(path)
+
+
+# ---- run folders ----
+
+
+def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path:
+    """Refuse to start where a run would be lost or cannot be written; nothing is written here."""
+    out = Path(out_dir)
+    if resume and overwrite:
+        raise ValueError(f"resume continues the run in {out} and overwrite replaces it; choose one")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder for checkpoint.pt, "
+                                 f"tokenizer.json and history.json (a new one, or a run to resume)")
+    if resume and not (out / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; start a new run there "
+                                f"without resume")
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing and not resume and not overwrite:
+        raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); continue it with resume "
+                              f"(--resume), replace it with overwrite (--overwrite), or choose another folder")
+    return out
+
+
+def refuse_ignored_arguments(run: dict, function: Any, given: dict) -> None:
+    """Refuse arguments of function that a resumed run would ignore: changed from their default and unlike the run's."""
+    defaults = {name: p.default for name, p in inspect.signature(function).parameters.items()}
+    ignored = [f"{key}={value!r} (the run has {run[key]!r})" for key, value in given.items()
+               if key in run and value != defaults.get(key) and value != run[key]]
+    if ignored:
+        raise ValueError(f"resume continues the saved run with its own data, seed and settings, so "
+                         f"{', '.join(ignored)} would be ignored; drop {'them' if len(ignored) > 1 else 'it'}, or start a new run (another "
+                         f"folder, or overwrite=True)")
+
+
+def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
+    """Create the run folder; with overwrite, remove the files of the run it replaces (after validation passed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+    return out
+
+
+# ---- checkpoints ----
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable transformer_lib checkpoint."""
+
+
+@contextmanager
+def checkpoint_errors(path: str | Path) -> Iterator[None]:
+    """Turn the many ways torch.load fails on a bad file into one CheckpointError naming the file."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
+            yield
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path} is not a transformer_lib checkpoint: torch.load(weights_only=True) refused it, because it is not "
+            f"a checkpoint or it holds Python objects whose loading could run code; use a file written by "
+            f"save_checkpoint"
+        ) from None
+    except (EOFError, KeyError, ValueError, RuntimeError, zipfile.BadZipFile, UnicodeDecodeError) as error:
+        first = str(error).splitlines()[0].split(". ")[0] if str(error) else ""
+        raise CheckpointError(f"{path} is corrupt or not a checkpoint ({type(error).__name__}{': ' * bool(first)}"
+                              f"{first}); use another copy or train again") from None
+
+
+def check_checkpoint(checkpoint: Any, path: str | Path, keys: tuple[str, ...]) -> dict:
+    """checkpoint itself when it is a dict holding keys; else a CheckpointError naming the file and what is missing."""
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it holds a {type(checkpoint).__name__}, "
+                              f"not the dictionary save_checkpoint writes")
+    missing = [key for key in keys if key not in checkpoint]
+    if missing:
+        raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it lacks {', '.join(map(repr, missing))}; "
+                              f"use a file written by save_checkpoint")
+    return checkpoint
+
+
+# ---- stopping a run ----
+
+
+class DivergedError(FloatingPointError):
+    """Training produced a non-finite loss or gradient."""
+
+
+def diverged(step: int, what: str, value: Any, checkpoint_path: str | Path | None) -> DivergedError:
+    """The error that stops a diverged run: what became non-finite, where, and what to do."""
+    kept = f"{checkpoint_path} keeps the last checkpoint written before it; " if checkpoint_path else ""
+    return DivergedError(
+        f"training diverged at step {step}: the {what} is {float(value)}, and the weights were not updated. {kept}"
+        f"lower the learning rate (lr_factor) or lengthen the warm-up (warmup), then train again"
+    )
+
+
+class _Interrupt:
+    requested: bool = False
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+@contextmanager
+def interrupt_guard() -> Iterator[_Interrupt]:
+    """While active, Ctrl-C (SIGINT) sets .requested instead of raising, so the loop can finish its step and save.
+
+    A second Ctrl-C raises at once. Outside the main thread, and under torchrun (where processes would stop at
+    different steps), Ctrl-C raises as usual and .requested stays False.
+    """
+    from transformer_lib.distributed import world_size
+
+    interrupt = _Interrupt()
+    if threading.current_thread() is not threading.main_thread() or world_size() > 1:
+        yield interrupt
+        return
+    previous = signal.signal(signal.SIGINT, interrupt.handle)
+    try:
+        yield interrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
