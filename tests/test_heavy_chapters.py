@@ -123,3 +123,11 @@ def test_a_progress_bar_sent_in_many_outputs_is_stored_as_one_line():
 def test_carriage_returns_collapse_like_a_terminal():
     assert heavy.collapse_carriage_returns("a 1%\ra 50%\ra 100%\nnext\n") == "a 100%\nnext\n"
     assert heavy.collapse_carriage_returns("plain\n") == "plain\n"
+
+
+@pytest.mark.parametrize(
+    "minutes, words",
+    [(0.6, "under a minute"), (1.0, "1 minute"), (1.4, "1 minute"), (1.6, "2 minutes"), (45.5, "46 minutes")],
+)
+def test_the_note_says_the_wall_time_in_words(minutes, words):
+    assert heavy.duration(minutes) == words

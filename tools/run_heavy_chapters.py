@@ -2,6 +2,7 @@
 
     python tools/run_heavy_chapters.py                 # both chapters, full mode, on the best device here
     python tools/run_heavy_chapters.py --check         # exit 1 if a stored record does not match its notebook
+    python tools/run_heavy_chapters.py --notes         # rewrite only the notes from the stored records
 
 Chapters 8 and 9 train and read a real translator, which takes too long to run whenever the book is built, so the
 book shows the outputs of their latest full run instead (CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9').
@@ -66,6 +67,14 @@ def hardware() -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
+def duration(minutes: float) -> str:
+    """A run's wall time in words: 'under a minute', '1 minute', '46 minutes'."""
+    if minutes < 0.95:
+        return "under a minute"
+    whole = round(minutes)
+    return "1 minute" if whole == 1 else f"{whole} minutes"
+
+
 def provenance_note(record: dict) -> str:
     """The note at the top of a heavy chapter, generated from its run record."""
     hw = record["hardware"]
@@ -76,7 +85,7 @@ def provenance_note(record: dict) -> str:
     return (
         ":::{note}\n"
         f"The outputs on this page come from a full run of this notebook on {where}, on {record['date']}, "
-        f"which took {record['wall_minutes']:.0f} minutes (Python {record['python']}, torch {record['torch']}, "
+        f"which took {duration(record['wall_minutes'])} (Python {record['python']}, torch {record['torch']}, "
         f"transformer_lib {record['transformer_lib']}). They were stored by `python tools/run_heavy_chapters.py`, "
         "which also recorded these facts in the notebook; a test checks that no code cell changed since. Run the "
         "notebook yourself (in Colab, *Runtime → Change runtime type* offers a GPU) and your numbers will differ "
@@ -194,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*", default=list(HEAVY_CHAPTERS), help="notebooks in book/ (default: both)")
     parser.add_argument("--timeout", type=int, default=3 * 3600, help="seconds per cell (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check the stored records")
+    parser.add_argument("--notes", action="store_true",
+                        help="only rewrite the note at the top of each chapter from its stored record (after a change "
+                             "to the note's wording); runs nothing")
     args = parser.parse_args(argv)
     paths = [BOOK / Path(name).name for name in args.chapters]
     for path in paths:
@@ -203,6 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         problems = check(paths)
         print("\n".join(problems) or "the stored runs match their notebooks")
         return 1 if problems else 0
+    if args.notes:
+        import nbformat
+
+        for path in paths:
+            notebook = nbformat.read(path, as_version=4)
+            record = notebook.metadata.get(RECORD_KEY, {}).get("run")
+            if record is None:
+                parser.error(f"{path.name} has no stored run to write a note from; run the tool without --notes")
+            set_provenance(notebook, provenance_note(record))
+            nbformat.write(notebook, path)
+            print(f"{path.name}: note rewritten from the run of {record['date']}")
+        return 0
     if os.environ.get("TRANSFORMER_BOOK_SMOKE"):
         parser.error("TRANSFORMER_BOOK_SMOKE is set: this tool stores full runs only; unset it")
     for path in paths:
