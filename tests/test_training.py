@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -155,3 +158,11 @@ def test_greedy_decoding_runs_in_eval_mode_and_leaves_the_mode_as_it_found_it():
     model.eval()
     greedy_decode(model, src, 8, tl.BOS_ID, tl.EOS_ID)
     assert not model.training
+
+
+def test_importing_the_library_does_not_import_tqdm_auto():
+    """tqdm.auto prints a warning ("IProgress not found") in every notebook without ipywidgets: every page of the
+    book showed it, with a path of the machine that built it. The library uses tqdm's text bar instead."""
+    code = "import sys, transformer_lib; print(sorted(m for m in sys.modules if m.startswith('tqdm.auto')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
