@@ -39,7 +39,7 @@ def pytest_report_header(config):
     reused = sorted(name for name, reason in verdicts.items() if reason is None)
     lines = ["TRANSFORMER_BOOK_BUILT: already executed by the book build, not run again by nbval: "
              + (", ".join(reused) or "none")]
-    lines += [f"  run by nbval: {name} ({reason})" for name, reason in verdicts.items() if reason is not None]
+    lines += [f"  run by nbval: {name}, because {reason}" for name, reason in verdicts.items() if reason is not None]
     return lines
 
 

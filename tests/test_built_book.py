@@ -126,4 +126,4 @@ def test_nbval_leaves_out_only_the_notebooks_the_build_ran(tmp_path):
     header = collect()  # the report header, which -q leaves out
     reused = "TRANSFORMER_BOOK_BUILT: already executed by the book build, not run again by nbval: 03_attention.ipynb\n"
     assert reused in header, header
-    assert "run by nbval: 04_masking.ipynb (no executed copy" in header, header
+    assert "run by nbval: 04_masking.ipynb, because no executed copy" in header, header
