@@ -5,7 +5,9 @@ results differ by rounding, and how much depends on the CPU's vector instruction
 reduction. A tolerance is safe only with a wide margin over that rounding. Each test here reruns the comparisons of
 other test files in a fresh process with OMP_NUM_THREADS (and torch.set_num_threads) 1 and 2, measures what share of
 its tolerance every torch.testing.assert_close call uses, max(|actual - expected| / (atol + rtol * |expected|)), and
-asks for a margin of 10: at most a tenth. The two-process comparisons have their own thread mix in
+asks for a margin of 10: at most a tenth, for each of five draws of the random inputs (seeds 0 to 4). With a single
+draw, the padded-sentence comparison of test_model once used 0.112 of its old tolerance (1e-5) on 2 threads, in one
+of three full runs on the same 2-core machine; over 40 seeds it reached 0.126. The two-process comparisons have their own thread mix in
 tests/test_distributed.py.
 """
 
@@ -19,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARGIN = 10  # the tolerance must be at least 10 times the largest difference seen
+DRAWS = 5  # each comparison runs with the random seeds 0 to 4: the margin must hold for all of them
 
 # (test file, test function, keyword arguments): comparisons between different orders of the same arithmetic
 COMPARISONS = [
@@ -63,7 +66,9 @@ import importlib
 results = {}
 for module, function, kwargs in json.loads(sys.argv[3]):
     used.clear()
-    getattr(importlib.import_module(module), function)(**kwargs)
+    for seed in range(int(sys.argv[4])):  # several draws of the random inputs (a test that seeds itself repeats one)
+        torch.manual_seed(seed)
+        getattr(importlib.import_module(module), function)(**kwargs)
     results[f"{module}.{function}({kwargs})"] = list(used)
 print(json.dumps(results))
 """
@@ -72,7 +77,8 @@ print(json.dumps(results))
 def shares(threads: int) -> dict[str, list[float]]:
     """Run every comparison in one fresh process on `threads` threads; the share of its tolerance each one used."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-c", PROBE, str(threads), str(ROOT / "tests"), json.dumps(COMPARISONS)],
+    done = subprocess.run([sys.executable, "-c", PROBE, str(threads), str(ROOT / "tests"), json.dumps(COMPARISONS),
+                           str(DRAWS)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, f"the comparisons on {threads} thread(s) failed:\n{done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -142,7 +142,10 @@ def test_cached_and_uncached_decoding_agree(norm_first):
     full = model.decode(tgt, memory, src_mask)
     cache = model.init_cache()
     steps = torch.cat([model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(7)], dim=1)
-    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    # One position at a time against all at once: the same sums in another order (see test_model's padding test
+    # for the estimate, some 1e-5 at the very worst). Seen: 6% of the former tolerance 1e-5 (1 and 2 threads, AMD
+    # EPYC), a margin of 16, thin for another CPU; 1e-4 leaves one of over 150.
+    torch.testing.assert_close(steps, full, atol=1e-4, rtol=1e-4)
     cached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=True)
     uncached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=False)
     assert torch.equal(cached, uncached)
