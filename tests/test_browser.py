@@ -1,13 +1,16 @@
 """Open the built book in headless Chromium, as a reader would, and check every page (run after the build).
 
 Skipped, with the reason, where Chromium or the built book is missing; .ci/run installs Debian's chromium, builds the
-book, then runs this file. Screenshots of every page land in book/_build/screenshots for review.
+book, then runs this file. Where neither MathJax's CDN nor a local MathJax (TRANSFORMER_BOOK_MATHJAX) can be had, a
+page with maths fails at once with that reason instead of waiting for maths that never typesets. Screenshots of every page land in book/_build/screenshots for review.
 """
 
+import functools
 import mimetypes
 import os
 import shutil
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,20 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.whic
 # pages load, so that the maths can be checked on a machine without internet. Without it the CDN is used.
 MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
 CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
+
+
+@functools.cache
+def mathjax_missing() -> str | None:
+    """Why the maths cannot be checked here, or None: a local MathJax is given, or MathJax's CDN answers."""
+    if MATHJAX:
+        return None
+    try:
+        urllib.request.urlopen(urllib.request.Request(CDN + "es5/tex-mml-chtml.js", method="HEAD"), timeout=5)
+        return None
+    except OSError:
+        return (f"MathJax's CDN ({CDN}) cannot be reached from here and TRANSFORMER_BOOK_MATHJAX is not set: point "
+                "it at a local MathJax 3 package (.ci/run shows how, with `npm pack mathjax@3`)")
+
 
 sys.path.insert(0, str(ROOT / "tools"))
 import colab  # noqa: E402
@@ -70,6 +87,8 @@ def test_page_as_a_reader_sees_it(browser, name):
     assert "Transformer, Piece by Piece" in page.title()
 
     if page.locator(".math").count():
+        if mathjax_missing():
+            pytest.fail(mathjax_missing())
         page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
         assert page.locator("mjx-merror").count() == 0, "MathJax could not typeset some maths"
         assert page.locator("mjx-container").count() >= page.locator("span.math, div.math").count()
