@@ -1,5 +1,6 @@
 """Shared pytest set-up for tests/ and the notebooks that nbval runs from book/."""
 
+import functools
 import os
 
 # Under pytest-xdist every worker (and every notebook kernel it starts) would otherwise use all cores for torch's
@@ -16,6 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 _BOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "book")
 
 
+@functools.cache  # asked by the report header and by the collection: read the notebooks once
 def _built_verdicts():
     """{notebook name: None (reused) or why it runs again}, or None when TRANSFORMER_BOOK_BUILT is not set."""
     build = os.environ.get("TRANSFORMER_BOOK_BUILT")

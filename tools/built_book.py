@@ -33,9 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from student_edition import executed_at_build  # noqa: E402
 
-ENV = "TRANSFORMER_BOOK_BUILT"
-
-
 def _code_cells(notebook: dict) -> list[dict]:
     return [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
 
