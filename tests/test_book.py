@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab  # noqa: E402
 
-import transformer_lib.checks  # noqa: E402
+import transformer_lib.grading  # noqa: E402
 
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 APPENDICES = sorted(BOOK.glob("appendix_*.ipynb"))  # after the chapters; they need no exercises
@@ -106,13 +106,13 @@ def test_citations_exist_and_the_paper_is_cited(path):
     assert cited <= bib_keys(), f"unknown citation keys: {cited - bib_keys()}"
 
 
-def named_checks_called(code: str) -> list[str]:
-    """The named exercise checks (check_attention, ...) that a cell calls; the generic check_against is not one."""
-    return [name for name in re.findall(r"\b(check_\w+)\(", code) if name != "check_against"]
+def graders_called(code: str) -> list[str]:
+    """The exercise graders (grade_attention, ...) that a cell calls; the generic grade_against is not one."""
+    return [name for name in re.findall(r"\b(grade_\w+)\(", code) if name != "grade_against"]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_exercises_are_labelled_rated_solved_and_one_is_checked_code(path):
+def test_exercises_are_labelled_rated_solved_and_one_is_graded_code(path):
     notebook = load(path)
     markdown = text_of(notebook, "markdown")
     exercises = re.findall(r":::\{exercise\}[^\n]*\n:label: (\S+)\n(.*?)\n:::", markdown, re.S)
@@ -127,13 +127,13 @@ def test_exercises_are_labelled_rated_solved_and_one_is_checked_code(path):
     code = text_of(notebook, "code")
     for i in stubs:
         stub = "".join(cells[i]["source"])
-        called = named_checks_called(stub)
-        assert "NotImplementedError" in stub and called, f"cell {i}: stub without a call to a named check"
+        called = graders_called(stub)
+        assert "NotImplementedError" in stub and called, f"cell {i}: stub without a call to a grader"
         for name in called:
-            assert callable(getattr(transformer_lib.checks, name, None)), (
-                f"cell {i}: transformer_lib.checks has no {name}")
-            assert re.search(rf"from transformer_lib\.checks import [^\n]*\b{name}\b", code) or (
-                f"checks.{name}(" in stub), f"cell {i}: {name} is not imported from transformer_lib.checks"
+            assert callable(getattr(transformer_lib.grading, name, None)), (
+                f"cell {i}: transformer_lib.grading has no {name}")
+            assert re.search(rf"from transformer_lib\.grading import [^\n]*\b{name}\b", code) or (
+                f"grading.{name}(" in stub), f"cell {i}: {name} is not imported from transformer_lib.grading"
         solutions = [c for c in cells[i + 1 :] if "solution" in c.get("metadata", {}).get("tags", [])]
-        assert solutions and named_checks_called("".join(solutions[0]["source"])) == called, (
+        assert solutions and graders_called("".join(solutions[0]["source"])) == called, (
             f"cell {i}: the solution does not call the stub's check {called}")

@@ -12,7 +12,7 @@ SMOKE = """
 import torch, transformer_lib as tl
 missing = [name for name in tl.__all__ if not hasattr(tl, name)]
 assert not missing, missing
-import transformer_lib.attention_maps, transformer_lib.checks, transformer_lib.cli
+import transformer_lib.attention_maps, transformer_lib.grading, transformer_lib.cli
 cfg = tl.TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32)
 logits = tl.Transformer(cfg).eval()(torch.randint(1, 20, (2, 5)), torch.randint(1, 20, (2, 4)))
 assert logits.shape == (2, 4, 20)

@@ -1,7 +1,7 @@
 """transformer_lib: the encoder-decoder Transformer built piece by piece in the book "Transformer, Piece by Piece".
 
 The modules named after chapters (embedding, positional, attention, masks, multihead, model, training, translation,
-attention_maps) are generated from the book's notebooks by tools/export.py; runtime, checks, distributed (training
+attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading (the exercise graders), distributed (training
 under torchrun), runs (safe files, settings checks, clear errors) and cli (the command line, `python -m
 transformer_lib`) are written by hand.
 """

@@ -1,4 +1,4 @@
-"""The named checks of chapter 5's two coding exercises (book/05_multi_head_attention.ipynb): each head's share of
+"""The graders of chapter 5's two coding exercises (book/05_multi_head_attention.ipynb): each head's share of
 the output, and attention computed block by block."""
 
 import math
@@ -34,7 +34,7 @@ def _head_outputs(attention: nn.Module, x: Tensor, split: str = "transpose", w_o
     return out + attention.w_o.bias if bias else out
 
 
-def check_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+def grade_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(attention, x) -> each head's share (B, h, T, d_model) of attention(x, x, x)[0], bias left out."""
     from transformer_lib.multihead import MultiHeadAttention
 
@@ -75,7 +75,7 @@ def check_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> No
                     "head i's share must come from head i's attention output alone.")
         return "Your shares plus w_o.bias do not add up to attention(x, x, x)[0]; that is a first thing to test."
 
-    _run("check_head_outputs", fn, _head_outputs, cases, seed, hints=hints, diagnose=diagnose)
+    _run("grade_head_outputs", fn, _head_outputs, cases, seed, hints=hints, diagnose=diagnose)
 
 
 def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale: bool = True, divide: bool = True,
@@ -97,7 +97,7 @@ def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale:
     return out / total if divide else out
 
 
-def check_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(q, k, v, block_size) -> softmax(q k^T / sqrt(d_k)) v against tl.scaled_dot_product_attention."""
     from transformer_lib.attention import scaled_dot_product_attention
 
@@ -133,6 +133,6 @@ def check_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
         "k[..., start:start + block_size, :]":
             lambda q, k, v, block_size: _online_attention(q, k, v, block_size, last_block=False),
     }
-    _run("check_blockwise_attention", fn,
+    _run("grade_blockwise_attention", fn,
          lambda q, k, v, block_size: scaled_dot_product_attention(q, k, v)[0], cases, seed, atol=2e-5, rtol=1e-4,
          hints=hints)

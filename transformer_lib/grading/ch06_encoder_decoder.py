@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engine import ExerciseCheckError, _generator, _name_of, _randint, _run
+from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
 
 
 def _parameter_formula(cfg: Any, final_norms: bool = True, tie: bool = True, share: bool = True,
@@ -26,7 +26,7 @@ def _parameter_formula(cfg: Any, final_norms: bool = True, tie: bool = True, sha
     return torch.tensor(stacks + src_embed + tgt_embed + generator + positions)
 
 
-def check_parameter_count(fn: Callable[[Any], int], seed: int | None = None) -> None:
+def grade_parameter_count(fn: Callable[[Any], int], seed: int | None = None) -> None:
     """Check fn(cfg) -> count_parameters(Transformer(cfg)), computed without building the model, on random configs."""
     from transformer_lib.model import Transformer, TransformerConfig, count_parameters
 
@@ -75,10 +75,10 @@ def check_parameter_count(fn: Callable[[Any], int], seed: int | None = None) -> 
     def as_tensor(cfg: TransformerConfig) -> Any:
         count = fn(cfg=cfg)
         if isinstance(count, float):
-            raise ExerciseCheckError(f"return the count as an int, got the float {count!r}")
+            raise ExerciseGradeError(f"return the count as an int, got the float {count!r}")
         if isinstance(count, bool) or not isinstance(count, int):  # a tensor is compared as it is
             return count
         return torch.tensor(count)  # a 0-d int64 tensor, compared exactly
 
     as_tensor.__name__ = _name_of(fn)
-    _run("check_parameter_count", as_tensor, reference, cases, seed, atol=0, rtol=0, hints=hints)
+    _run("grade_parameter_count", as_tensor, reference, cases, seed, atol=0, rtol=0, hints=hints)

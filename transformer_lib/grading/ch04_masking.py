@@ -30,7 +30,7 @@ def _packed_causal_mask(segments: Tensor) -> Tensor:
     return (same & real & causal)[:, None]  # (B, 1, T, T)
 
 
-def check_packed_mask(fn: Callable[[Tensor], Tensor], seed: int | None = None) -> None:
+def grade_packed_mask(fn: Callable[[Tensor], Tensor], seed: int | None = None) -> None:
     """Check fn(segments) -> the (B, 1, T, T) bool mask of a packed batch: same sentence, real key, no future."""
     g, seed = _generator(seed)
     layouts = [
@@ -73,4 +73,4 @@ def check_packed_mask(fn: Callable[[Tensor], Tensor], seed: int | None = None) -
         "the singleton head dimension is missing: return (B, 1, T, T), e.g. mask[:, None]":
             lambda segments: _packed_causal_mask(segments)[:, 0],
     }
-    _run("check_packed_mask", fn, _packed_causal_mask, cases, seed, hints=hints, masks=True)
+    _run("grade_packed_mask", fn, _packed_causal_mask, cases, seed, hints=hints, masks=True)

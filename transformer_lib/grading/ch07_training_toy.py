@@ -15,7 +15,7 @@ def _smoothed_per_token(logits: Tensor, labels: Tensor, on_label: float, on_othe
     return -(q * log_p).sum(dim=-1)  # (B, T)
 
 
-def check_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(logits, labels, pad_id, eps) -> mean label-smoothed loss over real tokens (translation_loss)."""
     from transformer_lib.training import translation_loss
 
@@ -77,5 +77,5 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None
         "each sentence is averaged first, then the sentences; average over all real tokens at once, so that every "
         "token counts the same": sentence_means,
     }
-    _run("check_label_smoothed_loss", fn,
+    _run("grade_label_smoothed_loss", fn,
          lambda logits, labels, pad_id, eps: translation_loss(logits, labels, pad_id, eps), cases, seed, hints=hints)

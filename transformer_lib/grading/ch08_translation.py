@@ -5,7 +5,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .engine import ExerciseCheckError, _describe, _difference, _generator, _name_of, _randint
+from .engine import ExerciseGradeError, _describe, _difference, _generator, _name_of, _randint
 
 
 def _average_state_dicts(state_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -26,12 +26,12 @@ def _random_state_dicts(count: int, shapes: Mapping[str, tuple[int, ...]], dtype
     return states
 
 
-def check_average_checkpoints(fn: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]],
+def grade_average_checkpoints(fn: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]],
                               seed: int | None = None) -> None:
     """Check fn(state_dicts) -> the mean of their floating-point tensors (others from the last), on fresh state dicts."""
     g, seed = _generator(seed)
     name = _name_of(fn)
-    again = f"\n(To run these same inputs again: check_average_checkpoints({name}, seed={seed}).)"
+    again = f"\n(To run these same inputs again: grade_average_checkpoints({name}, seed={seed}).)"
     model_shapes = {"embed.weight": (7, 4), "layer.0.linear.weight": (4, 4), "layer.0.linear.bias": (4,),
                     "norm.running_mean": (4,), "temperature": ()}
     cases = [
@@ -59,21 +59,21 @@ def check_average_checkpoints(fn: Callable[[list[dict[str, Tensor]]], dict[str, 
         except NotImplementedError:
             raise
         except Exception as error:  # the learner's code crashed: say where, keep the original error
-            raise ExerciseCheckError(f"{where}: your function raised {type(error).__name__}: {error}{again}") from error
+            raise ExerciseGradeError(f"{where}: your function raised {type(error).__name__}: {error}{again}") from error
         for index, (copy, state) in enumerate(zip(given, states)):
             changed = [key for key in state if key not in copy or not torch.equal(copy[key], state[key])]
             if changed or set(copy) != set(state):
-                raise ExerciseCheckError(
+                raise ExerciseGradeError(
                     f"{where}: your function modified its input: state dict {index}'s entry "
                     f"{(changed or sorted(set(copy) ^ set(state)))[0]!r} changed in place. The caller's checkpoints "
                     f"must stay as they are: build new tensors (torch.stack(...).mean(dim=0)) in a new dict, rather "
                     f"than adding into the first state dict with += or assigning into it.{again}")
         if not isinstance(received, Mapping):
-            raise ExerciseCheckError(f"{where}: expected a dict from names to tensors, got {_describe(received)}{again}")
+            raise ExerciseGradeError(f"{where}: expected a dict from names to tensors, got {_describe(received)}{again}")
         expected = _average_state_dicts(states)
         missing, extra = sorted(set(expected) - set(received)), sorted(set(received) - set(expected))
         if missing or extra:
-            raise ExerciseCheckError(
+            raise ExerciseGradeError(
                 f"{where}: the keys differ from the state dicts' keys: "
                 + (f"keys missing: {missing}" if missing else "") + ("; " if missing and extra else "")
                 + (f"unexpected keys: {extra}" if extra else "")
@@ -97,5 +97,5 @@ def check_average_checkpoints(fn: Callable[[list[dict[str, Tensor]]], dict[str, 
                         break
                 else:
                     lines += found[1]
-            raise ExerciseCheckError("\n".join(lines) + again)
+            raise ExerciseGradeError("\n".join(lines) + again)
     print(f"Well done: {name} matches the reference on all {len(cases)} test inputs.")

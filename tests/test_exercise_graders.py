@@ -1,6 +1,6 @@
-"""The named exercise checks of transformer_lib.checks: each passes correct answers (on many seeds), rejects the
+"""The exercise graders of transformer_lib.grading: each passes correct answers (on many seeds), rejects the
 usual wrong answers with a message that names the cause, lets a stub's NotImplementedError through and explains
-a crash. The wrong answers (mutants) are written here, independently of the hints inside transformer_lib/checks/."""
+a crash. The wrong answers (mutants) are written here, independently of the hints inside transformer_lib/grading/."""
 
 import json
 import math
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_lib import checks
-from transformer_lib.checks import EXERCISE_CHECKS, ExerciseCheckError
+from transformer_lib import grading
+from transformer_lib.grading import EXERCISE_GRADERS, ExerciseGradeError
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
@@ -227,16 +227,16 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
 
 
 CORRECT = {
-    "check_token_embedding": [token_embedding, token_embedding_by_indexing],
-    "check_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
-    "check_attention": [attention, attention_large_negative],
-    "check_packed_mask": [packed_mask, packed_mask_by_comparison],
-    "check_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
-    "check_blockwise_attention": [blockwise],
-    "check_parameter_count": [parameter_count, parameter_count_by_parts],
-    "check_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
-    "check_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
-    "check_attention_rollout": [attention_rollout, attention_rollout_from_the_last_layer],
+    "grade_token_embedding": [token_embedding, token_embedding_by_indexing],
+    "grade_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
+    "grade_attention": [attention, attention_large_negative],
+    "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
+    "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
+    "grade_blockwise_attention": [blockwise],
+    "grade_parameter_count": [parameter_count, parameter_count_by_parts],
+    "grade_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
+    "grade_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
+    "grade_attention_rollout": [attention_rollout, attention_rollout_from_the_last_layer],
 }
 
 
@@ -272,7 +272,7 @@ def attention_without_normalising(q, k, v, mask=None):
 
 
 MUTANTS = {
-    "check_token_embedding": [
+    "grade_token_embedding": [
         ("not scaled", lambda ids, weight: weight[ids], r"Likely cause: the embeddings are not scaled"),
         ("times d_model", lambda ids, weight: weight[ids] * weight.size(1), r"Likely cause: .*multiplied by d_model"),
         ("divided by sqrt", lambda ids, weight: weight[ids] / math.sqrt(weight.size(1)),
@@ -287,7 +287,7 @@ MUTANTS = {
         ("one-hot vectors only", lambda ids, weight: F.one_hot(ids, weight.size(0)).float(),
          r"expected shape .*\nLikely cause: the result still has one entry per word of the vocabulary"),
     ],
-    "check_sinusoidal_encoding": [
+    "grade_sinusoidal_encoding": [
         ("exponent i/d_model", lambda max_len, d_model: sinusoidal_float64(max_len, 2 * d_model)[:, :d_model],
          r"Likely cause: the exponent is i/d_model instead of 2i/d_model"),
         ("sine and cosine swapped",
@@ -307,7 +307,7 @@ MUTANTS = {
         ("transposed", lambda max_len, d_model: sinusoidal_float64(max_len, d_model).T,
          r"expected shape \(1, 2\), got \(2, 1\)\nYou have the right sizes in a different order"),
     ],
-    "check_attention": [
+    "grade_attention": [
         ("divided by d_k", lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: d_k),
          r"Likely cause: the scores are divided by d_k; the paper divides them by sqrt\(d_k\)"),
         ("not scaled", lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: 1.0),
@@ -337,7 +337,7 @@ MUTANTS = {
          r"item 0 \(output\): 80 of 80 values differ.*\nEvery value you return is the expected one plus 0\.001"),
         ("changes q in place", attention_scaling_q_in_place, r"changed its argument 'q' in place"),
     ],
-    "check_packed_mask": [
+    "grade_packed_mask": [
         ("sentences ignored", lambda segments: ((segments != 0)[:, None, :] & square(segments.size(1)).tril())[:, None],
          r"Likely cause: the sentences are ignored"),
         ("no causal part", lambda segments: packed_mask(segments) | packed_mask(segments).transpose(-2, -1),
@@ -359,7 +359,7 @@ MUTANTS = {
          r"\(0, 0, 3, 0\): expected False, got True\nIn words: your mask lets position 3 see position 0 \(an earlier "
          r"position\)"),
     ],
-    "check_head_outputs": [
+    "grade_head_outputs": [
         ("rows of w_o.weight", lambda attention, x: head_outputs(attention, x, block="rows"),
          r"Likely cause: head i's block of W\^O was taken from rows"),
         ("bias in every share", lambda attention, x: head_outputs(attention, x, bias=True),
@@ -372,7 +372,7 @@ MUTANTS = {
         ("(B, T, h, d_model)", lambda attention, x: head_outputs(attention, x).transpose(1, 2),
          r"expected shape \(2, 4, 5, 16\), got \(2, 5, 4, 16\)\nYou have the right sizes in a different order"),
     ],
-    "check_blockwise_attention": [
+    "grade_blockwise_attention": [
         ("no rescaling", lambda q, k, v, block_size: blockwise(q, k, v, block_size, rescale=False),
          r"Likely cause: the running sum and output are not rescaled"),
         ("no final division", lambda q, k, v, block_size: blockwise(q, k, v, block_size, divide=False),
@@ -388,7 +388,7 @@ MUTANTS = {
         ("off by a small constant", lambda q, k, v, block_size: blockwise(q, k, v, block_size, add=1e-3),
          r"Every value you return is the expected one plus 0\.001"),
     ],
-    "check_parameter_count": [
+    "grade_parameter_count": [
         ("no final norms", lambda cfg: parameter_count(cfg, final_norms=False),
          r"Likely cause: the final LayerNorm of each pre-norm stack is missing"),
         ("generator counted", lambda cfg: parameter_count(cfg, tie=False),
@@ -404,12 +404,12 @@ MUTANTS = {
         ("LayerNorm without its bias", lambda cfg: parameter_count(cfg, ln=1),
          r"Likely cause: each LayerNorm is counted with d_model numbers"),
         ("a float", lambda cfg: float(parameter_count(cfg)),
-         r"your function raised ExerciseCheckError: return the count as an int, got the float \d+\.0"),
+         r"your function raised ExerciseGradeError: return the count as an int, got the float \d+\.0"),
         ("one too many", lambda cfg: parameter_count(cfg) + 1,
          r"case 1 of 7 \(the paper's choices.*\): the value differs, by up to 1; at index \(\) expected (\d+), "
          r"got \d+"),
     ],
-    "check_label_smoothed_loss": [
+    "grade_label_smoothed_loss": [
         ("mean over padding too", lambda logits, labels, pad_id, eps: smoothed_loss_with_targets(
             logits, labels, pad_id, eps, positions="all"), r"Likely cause: the mean includes the padded positions"),
         ("eps over V - 1 classes", lambda logits, labels, pad_id, eps: smoothed_loss_with_targets(
@@ -436,7 +436,7 @@ MUTANTS = {
          r"case 1 of 7 \(logits: shape \(2, 5, 7\), labels: shape \(2, 5\), pad_id=0, eps=0\.1\): the value differs, "
          r"by up to [\d.]+; at index \(\) expected [\d.]+, got [\d.]+"),
     ],
-    "check_average_checkpoints": [
+    "grade_average_checkpoints": [
         ("summed", lambda state_dicts: {k: torch.stack([s[k] for s in state_dicts]).sum(0) if v.is_floating_point()
                                         else v for k, v in state_dicts[-1].items()},
          r"Likely cause: the tensors are summed, not averaged"),
@@ -455,7 +455,7 @@ MUTANTS = {
         ("a list", lambda state_dicts: list(average_checkpoints(state_dicts).values()),
          r"expected a dict from names to tensors, got list"),
     ],
-    "check_attention_rollout": [
+    "grade_attention_rollout": [
         ("wrong order", lambda weights: _rollout_variant(weights, reverse=True),
          r"Likely cause: the matrices are multiplied in the wrong order"),
         ("no identity", lambda weights: _rollout_variant(weights, share=0.0),
@@ -475,20 +475,20 @@ MUTANTS = {
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def named_checks() -> list[str]:
-    return sorted(name for name in dir(checks) if name.startswith("check_") and name != "check_against")
+def named_graders() -> list[str]:
+    return sorted(name for name in dir(grading) if name.startswith("grade_") and name != "grade_against")
 
 
 def test_every_named_check_is_tested_and_belongs_to_an_exercise():
-    assert sorted(CORRECT) == sorted(MUTANTS) == named_checks()
-    assert named_checks() == sorted(f.__name__ for f in EXERCISE_CHECKS.values())
-    for name in named_checks():
+    assert sorted(CORRECT) == sorted(MUTANTS) == named_graders()
+    assert named_graders() == sorted(f.__name__ for f in EXERCISE_GRADERS.values())
+    for name in named_graders():
         assert len(MUTANTS[name]) >= 3, f"{name} needs at least three wrong answers"
 
 
 @pytest.mark.parametrize("check_name", sorted(CORRECT))
 def test_correct_answers_pass_on_every_seed(check_name, capsys):
-    check = getattr(checks, check_name)
+    check = getattr(grading, check_name)
     for answer in CORRECT[check_name]:
         for seed in SEEDS:
             check(answer, seed=seed)
@@ -504,32 +504,32 @@ def test_correct_answers_pass_on_every_seed(check_name, capsys):
     ids=[f"{name.removeprefix('check_')}-{what}" for name, rows in MUTANTS.items() for what, _, _ in rows],
 )
 def test_wrong_answers_are_rejected_with_the_likely_cause(check_name, what, mutant, phrase):
-    check = getattr(checks, check_name)
+    check = getattr(grading, check_name)
     for seed in MUTANT_SEEDS:
-        with pytest.raises(ExerciseCheckError) as error:
+        with pytest.raises(ExerciseGradeError) as error:
             check(mutant, seed=seed)
         message = str(error.value)
         assert re.search(phrase, message), f"seed {seed}: {what!r} gave\n{message}\nwithout {phrase!r}"
         assert f"{check_name}({mutant.__name__}, seed={seed})" in message  # how to repeat the same inputs
 
 
-@pytest.mark.parametrize("check_name", named_checks())
+@pytest.mark.parametrize("check_name", named_graders())
 def test_a_stub_propagates_not_implemented_error(check_name):
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise: write it")
 
     with pytest.raises(NotImplementedError, match="Exercise: write it"):
-        getattr(checks, check_name)(stub)
+        getattr(grading, check_name)(stub)
 
 
-@pytest.mark.parametrize("check_name", named_checks())
+@pytest.mark.parametrize("check_name", named_graders())
 def test_a_crash_is_reported_with_the_error_and_the_input(check_name):
     def crashes(*args, **kwargs):
         return 1 / 0
 
-    with pytest.raises(ExerciseCheckError, match=r"crashes, case 1 of \d+ \(.*\): your function raised "
+    with pytest.raises(ExerciseGradeError, match=r"crashes, case 1 of \d+ \(.*\): your function raised "
                                                  r"ZeroDivisionError: division by zero") as error:
-        getattr(checks, check_name)(crashes)
+        getattr(grading, check_name)(crashes)
     assert isinstance(error.value.__cause__, ZeroDivisionError)  # the learner's traceback is kept
 
 
@@ -537,14 +537,14 @@ def test_wrong_parameter_names_are_explained():
     def my_head_outputs(layer, x):
         return head_outputs(layer, x)
 
-    with pytest.raises(ExerciseCheckError, match=r"unexpected keyword argument 'attention'\nThe check passes the "
+    with pytest.raises(ExerciseGradeError, match=r"unexpected keyword argument 'attention'\nThe check passes the "
                                                  r"arguments by name \(attention, x\)"):
-        checks.check_head_outputs(my_head_outputs)
+        grading.grade_head_outputs(my_head_outputs)
 
 
 def test_something_that_is_not_a_function_is_refused():
     with pytest.raises(TypeError, match="fn must be the function you wrote"):
-        checks.check_packed_mask(torch.ones(3))
+        grading.grade_packed_mask(torch.ones(3))
 
 
 def test_inputs_are_fresh_on_every_call_and_repeatable_with_a_seed():
@@ -555,7 +555,7 @@ def test_inputs_are_fresh_on_every_call_and_repeatable_with_a_seed():
         return attention(q, k, v, mask)
 
     for seed in (None, None, 7, 7):
-        checks.check_attention(spy, seed=seed)
+        grading.grade_attention(spy, seed=seed)
     cases = len(seen) // 4
     first = [seen[call * cases] for call in range(4)]  # the q of the first case of each call
     assert not torch.equal(first[0], first[1]), "two calls without a seed drew the same inputs"
@@ -567,13 +567,13 @@ def test_the_global_random_state_is_left_alone():
     before = torch.rand(3)
     torch.manual_seed(0)
     for check_name, answers in CORRECT.items():
-        getattr(checks, check_name)(answers[0])
+        getattr(grading, check_name)(answers[0])
     assert torch.equal(torch.rand(3), before), "a check changed the notebook's random numbers"
 
 
-@pytest.mark.parametrize("label", sorted(EXERCISE_CHECKS))
+@pytest.mark.parametrize("label", sorted(EXERCISE_GRADERS))
 def test_each_exercise_calls_its_named_check_in_stub_and_solution(label):
-    check_name = EXERCISE_CHECKS[label].__name__
+    check_name = EXERCISE_GRADERS[label].__name__
     for path in sorted(BOOK.glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
@@ -596,5 +596,5 @@ def test_every_test_named_in_the_common_bugs_appendix_exists():
     for path, test in sorted(named):
         source = (ROOT / path).read_text(encoding="utf-8")
         assert re.search(rf"^(?:async )?def {test}\(", source, re.M), f"{path}::{test} does not exist"
-    checks_named = set(re.findall(r"\b(check_\w+)\b", text)) - {"check_against", "check_mask"}
-    assert checks_named and checks_named <= set(named_checks()), checks_named - set(named_checks())
+    graders_named = set(re.findall(r"\b(grade_\w+)\b", text)) - {"grade_against"}
+    assert graders_named and graders_named <= set(named_graders()), graders_named - set(named_graders())

@@ -10,7 +10,7 @@ from torch import Tensor
 from .engine import _generator, _randint, _run
 
 
-def check_token_embedding(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+def grade_token_embedding(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(ids, weight) -> scaled embeddings (..., d_model) against TokenEmbedding on fresh random ids."""
     from transformer_lib.embedding import TokenEmbedding
 
@@ -54,4 +54,4 @@ def check_token_embedding(fn: Callable[..., Tensor], seed: int | None = None) ->
                     "one-hot vectors (..., V) by the table (V, d_model) to get (..., d_model).")
         return None
 
-    _run("check_token_embedding", fn, reference, cases, seed, hints=hints, diagnose=diagnose)
+    _run("grade_token_embedding", fn, reference, cases, seed, hints=hints, diagnose=diagnose)

@@ -1,10 +1,10 @@
-"""The engine of the exercise checks, and what every named check shares: the error they raise, the comparison of
+"""The engine of the exercise graders, and what every named check shares: the error they raise, the comparison of
 a learner's function with a reference, the messages that describe the first difference in plain words, the private
 random generator (fresh unless a seed is given) and the way a named check runs the engine.
 
-The engine check_against also works on its own, for an exercise of your own:
+The engine grade_against also works on its own, for an exercise of your own:
 
-    check_against(my_fn, reference_fn, cases, name="my_fn")
+    grade_against(my_fn, reference_fn, cases, name="my_fn")
 """
 
 import math
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 Diagnosis = Callable[[Mapping[str, Any], Any, Any], "str | None"]
 
 
-class ExerciseCheckError(AssertionError):
+class ExerciseGradeError(AssertionError):
     """Raised by a check when the learner's answer differs from the reference."""
 
 
@@ -275,7 +275,7 @@ def _matching_hint(learner: Callable[..., Any], received: Any, case: Mapping[str
     return None
 
 
-def check_against(
+def grade_against(
     learner: Callable[..., Any],
     reference: Callable[..., Any],
     cases: Iterable[Mapping[str, Any]],
@@ -289,7 +289,7 @@ def check_against(
     item_names: Sequence[str] | None = None,
     diagnose: Diagnosis | None = None,
 ) -> None:
-    """Call learner and reference on every case's keyword arguments; raise ExerciseCheckError at the first difference.
+    """Call learner and reference on every case's keyword arguments; raise ExerciseGradeError at the first difference.
 
     hints maps a short diagnosis ("scores scaled by sqrt(d_model) instead of sqrt(d_k)") to a known wrong
     implementation; when the learner's answer matches one of them, the diagnosis is added to the message.
@@ -315,12 +315,12 @@ def check_against(
             if isinstance(error, TypeError) and "argument" in str(error):
                 advice = (f"\nThe check passes the arguments by name ({', '.join(case)}): keep the parameter names "
                           f"of the exercise's signature.")
-            raise ExerciseCheckError(
+            raise ExerciseGradeError(
                 f"{where}: your function raised {type(error).__name__}: {error}{advice}") from error
         changed = [key for key, value in case.items() if isinstance(value, Tensor)
                    and not (given[key].shape == value.shape and torch.equal(given[key], value))]
         if changed:
-            raise ExerciseCheckError(
+            raise ExerciseGradeError(
                 f"{where}: your function changed its argument {changed[0]!r} in place; the caller still needs it. "
                 f"Work on a new tensor instead (e.g. `x = x.masked_fill(...)` rather than `x.masked_fill_(...)` "
                 f"or `x += ...`)."
@@ -341,12 +341,12 @@ def check_against(
                 except Exception:  # a diagnosis is a bonus: never let it hide the difference itself
                     cause = None
             lines += facts + ([cause] if cause else [])
-        raise ExerciseCheckError("\n".join(lines)) from None
+        raise ExerciseGradeError("\n".join(lines)) from None
     print(f"Well done: {name} matches the reference on all {len(cases)} test inputs.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Helpers of the named checks.
+# Helpers of the graders.
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -370,12 +370,12 @@ def _randint(low: int, high: int, g: torch.Generator) -> int:
 
 def _run(check: str, fn: Callable[..., Any], reference: Callable[..., Any], cases: list[tuple[str, dict]],
          seed: int, **options: Any) -> None:
-    """Run check_against on (note, case) pairs; a failure says how to repeat the same inputs."""
+    """Run grade_against on (note, case) pairs; a failure says how to repeat the same inputs."""
     name = _name_of(fn)
     try:
-        check_against(fn, reference, [case for _, case in cases], name, notes=[note for note, _ in cases], **options)
-    except ExerciseCheckError as error:
-        raise ExerciseCheckError(
+        grade_against(fn, reference, [case for _, case in cases], name, notes=[note for note, _ in cases], **options)
+    except ExerciseGradeError as error:
+        raise ExerciseGradeError(
             f"{error}\n(To run these same inputs again: {check}({name}, seed={seed}).)"
         ) from error.__cause__
 

@@ -20,7 +20,7 @@ def _rollout(weights: Tensor, identity_share: float = 0.5, renormalise: bool = T
     return rollout
 
 
-def check_attention_rollout(fn: Callable[[Tensor], Tensor], seed: int | None = None) -> None:
+def grade_attention_rollout(fn: Callable[[Tensor], Tensor], seed: int | None = None) -> None:
     """Check fn(weights) -> (S, S) attention rollout of (L, S, S) head-averaged weights, on fresh random weights."""
     g, seed = _generator(seed)
 
@@ -49,4 +49,4 @@ def check_attention_rollout(fn: Callable[[Tensor], Tensor], seed: int | None = N
         "the last layer is skipped": lambda weights: _rollout(weights[:-1]),
         "only the last layer is used, not the product over the layers": lambda weights: _rollout(weights[-1:]),
     }
-    _run("check_attention_rollout", fn, _rollout, cases, seed, hints=hints)
+    _run("grade_attention_rollout", fn, _rollout, cases, seed, hints=hints)

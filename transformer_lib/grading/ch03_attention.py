@@ -66,7 +66,7 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
     return None
 
 
-def check_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None = None) -> None:
+def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None = None) -> None:
     """Check fn(q, k, v, mask=None) -> (output, weights) against tl.scaled_dot_product_attention on fresh inputs."""
     from transformer_lib.attention import scaled_dot_product_attention
 
@@ -106,5 +106,5 @@ def check_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
         "the pair is in the wrong order: return (output, weights), not (weights, output)":
             lambda q, k, v, mask=None: _attention_variant()(q, k, v, mask)[::-1],
     }
-    _run("check_attention", fn, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask), cases, seed,
+    _run("grade_attention", fn, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask), cases, seed,
          hints=hints, item_names=("output", "weights"), diagnose=_attention_diagnosis)

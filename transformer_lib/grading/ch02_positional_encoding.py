@@ -10,7 +10,7 @@ from torch import Tensor
 from .engine import _generator, _randint, _run
 
 
-def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor], seed: int | None = None) -> None:
+def grade_sinusoidal_encoding(fn: Callable[[int, int], Tensor], seed: int | None = None) -> None:
     """Check fn(max_len, d_model) -> the paper's (max_len, d_model) table against tl.sinusoidal_encoding."""
     from transformer_lib.positional import sinusoidal_encoding as paper
 
@@ -55,4 +55,4 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor], seed: int | None
                     f"is not: check the frequency 1 / 10000^(2i / d_model) of pair i.")
         return None
 
-    _run("check_sinusoidal_encoding", fn, paper, cases, seed, atol=1e-4, rtol=1e-4, hints=hints, diagnose=diagnose)
+    _run("grade_sinusoidal_encoding", fn, paper, cases, seed, atol=1e-4, rtol=1e-4, hints=hints, diagnose=diagnose)
