@@ -49,7 +49,7 @@ def test_only_export_cells_are_copied_without_their_directives(tmp_path):
             ("code", "#| export\ndef f():\n    return math.pi\n", []),
         ],
     )
-    module, source = export.export_notebook(nb)
+    [(module, source)] = export.export_notebook(nb).items()
     assert module == "toy"
     assert "not exported" not in source and "#|" not in source.split('"""', 2)[2]
     assert source.endswith("# %% ../book/07_toy.ipynb 1\nimport math\n\n\n# %% ../book/07_toy.ipynb 3\ndef f():\n    return math.pi\n")
@@ -89,9 +89,35 @@ def test_an_unknown_directive_is_refused_with_its_notebook_and_cell(tmp_path):
                                                ("code", "#| default_exp x\n#| exprot\ndef f():\n    pass", [])])
     with pytest.raises(ValueError, match=r"x\.ipynb, cell 1: unknown directive `#\| exprot`.*did you mean `#\| export`"):
         export.export_notebook(nb)
-    nb = write_notebook(tmp_path / "y.ipynb", [("code", "#| default_exp y\n#| export other\nx = 1", [])])
-    with pytest.raises(ValueError, match=r"y\.ipynb, cell 0: `#\| export` takes no argument"):
+    nb = write_notebook(tmp_path / "y.ipynb", [("code", "#| default_exp y\n#| export other module\nx = 1", [])])
+    with pytest.raises(ValueError, match=r"y\.ipynb, cell 0: `#\| export` takes at most one module name"):
         export.export_notebook(nb)
+
+
+def test_a_cell_can_go_to_another_module_which_gathers_its_cells_in_book_order(tmp_path):
+    """`#| export decoding` in two notebooks: one decoding.py, the earlier chapter's cells first, each marked."""
+    book = tmp_path / "book"
+    book.mkdir()
+    write_notebook(book / "07_train.ipynb", [("code", "#| default_exp training\n#| export\nstep = 1", []),
+                                             ("code", "#| export decoding\ndef greedy():\n    return 'greedy'", [])])
+    write_notebook(book / "08_translate.ipynb", [("code", "#| default_exp translation\n#| export\nrun = 2", []),
+                                                 ("code", "#| export decoding\ndef beam():\n    return greedy()", [])])
+    modules = export.export_book(book)
+    assert sorted(modules) == ["decoding.py", "training.py", "translation.py"]
+    decoding = modules["decoding.py"]
+    assert decoding.splitlines()[0].startswith("# Generated from book/07_train.ipynb and book/08_translate.ipynb")
+    assert decoding.index("# %% ../book/07_train.ipynb 1\n") < decoding.index("# %% ../book/08_translate.ipynb 1\n")
+    assert "greedy" not in modules["training.py"] and "beam" not in modules["translation.py"]
+    namespace = {}
+    exec(decoding, namespace)
+    assert namespace["beam"]() == "greedy"
+    # The hand-edit check names the notebook and cell of each module's sections, whichever notebook they come from.
+    edited = decoding.replace("return greedy()", "return 'edited'")
+    assert export.hand_edits(edited, decoding) == ["book/08_translate.ipynb, cell 1"]
+    # Only one notebook may make a module its default.
+    write_notebook(book / "09_other.ipynb", [("code", "#| default_exp training\n#| export\nz = 3", [])])
+    with pytest.raises(ValueError, match="'training' is the default module of both 07_train.ipynb and 09_other.ipynb"):
+        export.export_book(book)
 
 
 def test_a_traceback_line_leads_to_its_cell(tmp_path):
@@ -99,7 +125,7 @@ def test_a_traceback_line_leads_to_its_cell(tmp_path):
     cells = [("markdown", "# Toy", []), ("code", "#| default_exp toy\n#| export\nimport math", []),
              ("markdown", "Some prose.", []), ("code", "#| export\ndef g():\n    return 1\n\n\ndef boom():\n    raise KeyError(3)", [])]
     nb = write_notebook(tmp_path / "04_toy.ipynb", cells)
-    _, source = export.export_notebook(nb)
+    [source] = export.export_notebook(nb).values()
     module = tmp_path / "toy.py"
     module.write_text(source)
     namespace = {}

@@ -4,9 +4,12 @@
     python tools/export.py --check  # exit 1, naming the files, when the package differs from the notebooks
     python tools/export.py --force  # regenerate even over a generated file that was edited by hand
 
-A notebook names its module once, in a code cell whose leading comment lines include `#| default_exp NAME`.
+A notebook names its default module once, in a code cell whose leading comment lines include `#| default_exp NAME`.
 Every code cell whose leading comment lines include `#| export` is copied, in notebook order and without its
-`#|` lines, into transformer_lib/NAME.py under a header that names the notebook to edit. Any other `#|` directive
+`#|` lines, into transformer_lib/NAME.py under a header that names the notebook to edit. `#| export OTHER` sends
+one cell to transformer_lib/OTHER.py instead: a chapter can add to the module of the idea it teaches (chapter 8's
+key/value cache and beam search go to decoding.py, beside chapter 7's greedy decoding). A module gathers its cells
+in book order, so a later chapter's cells come after an earlier one's. Any other `#|` directive
 is an error: a misspelt `#| exprot` would otherwise drop its cell from the package without a word.
 
 Each copied cell is preceded by a marker line in the style of nbdev, `# %% ../book/03_attention.ipynb 12`: the
@@ -63,63 +66,87 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def export_notebook(path: Path) -> tuple[str, str] | None:
-    """Return (module name, module source) for one notebook, or None when it exports nothing."""
+def notebook_cells(path: Path) -> tuple[str | None, str, dict[str, list[str]]]:
+    """One notebook's default module, its title, and its exported blocks by target module, in cell order."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    module, blocks = None, []
+    default, targeted = None, []
     for index, cell in enumerate(cells):
         if cell["cell_type"] != "code":
             continue
         directives, code = _directives("".join(cell["source"]))
+        target = None  # None: not exported; "": to the notebook's default module; else a module name
         for directive in directives:
-            name = directive.split(maxsplit=1)[0] if directive else ""
+            words = directive.split()
+            name = words[0] if words else ""
             if name not in DIRECTIVES:
                 close = difflib.get_close_matches(name, DIRECTIVES, n=1)
                 hint = f"; did you mean `#| {close[0]}`?" if close else ""
                 raise ValueError(f"{path.name}, cell {index}: unknown directive `#| {directive}`: the exporter knows "
                                  f"{', '.join(f'`#| {d}`' for d in DIRECTIVES)}{hint}")
+            module = words[1] if len(words) == 2 else ""
+            if len(words) > 2 or (len(words) == 2 and not module.isidentifier()):
+                raise ValueError(f"{path.name}, cell {index}: `#| {name}` takes at most one module name (a Python "
+                                 f"identifier), got `#| {directive}`")
             if name == "default_exp":
-                words = directive.split()
-                target = words[1] if len(words) == 2 else ""
-                if not target.isidentifier():
+                if not module:
                     raise ValueError(f"{path.name}, cell {index}: `#| default_exp` needs one module name, got {directive!r}")
-                if module is not None and module != target:
-                    raise ValueError(f"{path.name} names two modules: {module!r} and {target!r}")
-                module = target
-            elif directive != "export":
-                raise ValueError(f"{path.name}, cell {index}: `#| export` takes no argument, got `#| {directive}`")
-        if "export" in directives and code:
+                if default is not None and default != module:
+                    raise ValueError(f"{path.name} names two default modules: {default!r} and {module!r}")
+                default = module
+            else:
+                target = module
+        if target is not None and code:
             if "solution" in cell.get("metadata", {}).get("tags", []):
                 raise ValueError(f"{path.name}, cell {index}: a solution cell must not be exported")
-            blocks.append(f"# %% ../book/{path.name} {index}\n{code}")
-    if not blocks:
-        return None
-    if module is None:
-        raise ValueError(f"{path.name} has `#| export` cells but no `#| default_exp NAME` cell")
-    body = f'"""{_title(cells) or module}: the pieces built in book/{path.name}."""\n\n' + "\n\n\n".join(blocks) + "\n"
+            targeted.append((target, f"# %% ../book/{path.name} {index}\n{code}"))
+    blocks: dict[str, list[str]] = {}
+    for target, block in targeted:
+        if not target and default is None:
+            raise ValueError(f"{path.name} has `#| export` cells but no `#| default_exp NAME` cell")
+        blocks.setdefault(target or default, []).append(block)
+    return default, _title(cells), blocks
+
+
+def _module_source(module: str, parts: list[tuple[str, str, list[str]]]) -> str:
+    """A generated module from its parts, (notebook name, notebook title, blocks), in book order."""
+    names = [name for name, _, _ in parts]
+    if len(parts) == 1 and parts[0][1]:
+        doc = f"{parts[0][1]}: the pieces built in book/{names[0]}."
+    else:
+        doc = f"The {module} module: the pieces built in " + " and ".join(f"book/{name}" for name in names) + "."
+    body = f'"""{doc}"""\n\n' + "\n\n\n".join(block for _, _, blocks in parts for block in blocks) + "\n"
     header = (
-        f"{GENERATED}{path.name} by tools/export.py: do not edit this file.\n"
+        f"{GENERATED}{' and book/'.join(names)} by tools/export.py: do not edit this file.\n"
         f"# Edit the notebook's `#| export` cells instead (each `# %%` line below names its cell), then run\n"
         f"# `python tools/export.py`.\n"
         f"{HASH_PREFIX}{_digest(body)}\n"
     )
-    return module, header + body
+    return header + body
+
+
+def export_notebook(path: Path) -> dict[str, str]:
+    """The modules one notebook exports on its own: {module name: module source}; empty when it exports nothing."""
+    _, title, blocks = notebook_cells(path)
+    return {module: _module_source(module, [(path.name, title, parts)]) for module, parts in blocks.items()}
 
 
 def export_book(book: Path = BOOK) -> dict[str, str]:
-    """Map each generated module's file name to its source, for every notebook of the book."""
-    modules: dict[str, str] = {}
+    """Map each generated module's file name to its source, for every notebook of the book.
+
+    A module gathers, in book order, the cells of every notebook that exports to it; a module can be the default
+    (`#| default_exp`) of one notebook only.
+    """
+    parts: dict[str, list[tuple[str, str, list[str]]]] = {}
     owners: dict[str, str] = {}
     for path in sorted(book.glob("*.ipynb")):
-        result = export_notebook(path)
-        if result is None:
-            continue
-        module, source = result
-        if module in owners:
-            raise ValueError(f"module {module!r} is exported by both {owners[module]} and {path.name}")
-        owners[module] = path.name
-        modules[f"{module}.py"] = source
-    return modules
+        default, title, blocks = notebook_cells(path)
+        if default is not None:
+            if default in owners:
+                raise ValueError(f"module {default!r} is the default module of both {owners[default]} and {path.name}")
+            owners[default] = path.name
+        for module, module_blocks in blocks.items():
+            parts.setdefault(module, []).append((path.name, title, module_blocks))
+    return {f"{module}.py": _module_source(module, module_parts) for module, module_parts in parts.items()}
 
 
 def _sections(source: str) -> dict[str, str]:
