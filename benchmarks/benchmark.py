@@ -36,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transformer_lib as tl  # noqa: E402
 from torch_baseline import TorchTransformer  # noqa: E402
-from transformer_lib.training import greedy_decode, teacher_forcing_pair, translation_loss  # noqa: E402
+from transformer_lib.decoding import beam_search  # noqa: E402
+from transformer_lib.training import teacher_forcing_pair, translation_loss  # noqa: E402
 
 SIZES = {
     # TransformerConfig fields; vocab is the shared source/target vocabulary.
@@ -71,13 +72,9 @@ def build(name: str, size: str, device: torch.device) -> torch.nn.Module:
     model = make_model(size)
     if name == "torch.nn.Transformer":
         model = TorchTransformer(model)
-    elif name == "library, explicit attention":
-        for module in model.modules():
-            if isinstance(module, tl.MultiHeadAttention):
-                module.fused = False  # the path that can return attention weights
-    elif name != "library, fused attention":
+    elif name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
-    return model.to(device)
+    return model.to(device)  # both library models: Trainer.step runs the explicit one inside tl.explicit_attention
 
 
 def random_batches(n: int, size: str, shape: tuple[int, int, int], seed: int = 1) -> list[tuple]:
@@ -145,11 +142,13 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         self.scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
         self.forward = torch.compile(self.model) if compile else self.model
+        explicit = name == "library, explicit attention"
+        self.attention_path = (lambda: tl.explicit_attention(self.model)) if explicit else nullcontext
 
     def step(self, src: torch.Tensor, tgt: torch.Tensor) -> int:
         src, tgt = src.to(self.device, non_blocking=True), tgt.to(self.device, non_blocking=True)
         decoder_input, labels = teacher_forcing_pair(tgt)  # (B, T), (B, T)
-        with torch.autocast(self.device.type, dtype=self.amp) if self.amp else nullcontext():
+        with self.attention_path(), torch.autocast(self.device.type, dtype=self.amp) if self.amp else nullcontext():
             logits = self.forward(src, decoder_input)  # (B, T, V)
             loss = translation_loss(logits.float(), labels, tl.PAD_ID, 0.1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -257,13 +256,13 @@ def benchmark_decoding(args: argparse.Namespace, device: torch.device) -> dict:
     rates: dict[str, list[float]] = {"with KV cache": [], "without KV cache": []}
     with torch.autocast(device.type, dtype=DTYPES[args.dtype]) if DTYPES[args.dtype] else nullcontext():
         for use_cache in (True, False):  # warm-up
-            greedy_decode(model, src, max_len=4, bos_id=tl.BOS_ID, eos_id=-1, use_cache=use_cache)
+            beam_search(model, src, 1, max_len=4, eos_id=-1, use_cache=use_cache)
         for _ in range(args.repeats):
             for name, use_cache in (("with KV cache", True), ("without KV cache", False)):
                 synchronize(device)
                 started = time.perf_counter()
-                out = greedy_decode(model, src, max_len=args.decode_tokens, bos_id=tl.BOS_ID, eos_id=-1,
-                                    use_cache=use_cache)  # eos_id=-1: never stops early, exactly decode_tokens
+                out = beam_search(model, src, 1, max_len=args.decode_tokens, eos_id=-1,
+                                  use_cache=use_cache)  # greedy; eos_id=-1: never stops early, exactly decode_tokens
                 synchronize(device)
                 assert out.shape == (src.size(0), args.decode_tokens), out.shape
                 rates[name].append(out.numel() / (time.perf_counter() - started))

@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     import transformer_lib as tl
-    from transformer_lib.translation import corpus_scores, load_pairs, load_translator, translate
+    from transformer_lib.data import load_pairs
+    from transformer_lib.scoring import corpus_scores
+    from transformer_lib.translation import load_translator, translate
 
     if args.threads:
         torch.set_num_threads(args.threads)

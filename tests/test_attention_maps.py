@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib.attention_maps import collect_attention, explicit_attention, plot_attention, plot_heads
+from transformer_lib.attention_maps import collect_attention, plot_attention, plot_heads
+from transformer_lib.multihead import explicit_attention
 
 
 def small_model():

@@ -20,22 +20,16 @@ import benchmark  # noqa: E402
 from torch_baseline import TorchTransformer  # noqa: E402
 
 
-def explicit(model: tl.Transformer) -> tl.Transformer:
-    for module in model.modules():
-        if isinstance(module, tl.MultiHeadAttention):
-            module.fused = False  # plain matmuls, which torch's FLOP counter sees on every device
-    return model
-
-
 @pytest.mark.parametrize("shape", [(3, 10, 7), (2, 5, 13)])
 def test_flop_formula_matches_torch_flop_counter(shape):
     batch, src_len, tgt_len = shape
-    model = explicit(benchmark.make_model("tiny", dropout=0.0))
+    model = benchmark.make_model("tiny", dropout=0.0)
     src, tgt = benchmark.random_batches(1, "tiny", shape)[0]
-    with FlopCounterMode(display=False) as forward:
+    # The explicit path: plain matmuls, which torch's FLOP counter sees on every device.
+    with tl.explicit_attention(model), FlopCounterMode(display=False) as forward:
         logits = model(src, tgt[:, :-1])
     assert forward.get_total_flops() == benchmark.flops_per_step("tiny", batch, src_len, tgt_len, training=False)
-    with FlopCounterMode(display=False) as training:
+    with tl.explicit_attention(model), FlopCounterMode(display=False) as training:
         model(src, tgt[:, :-1]).sum().backward()
     assert training.get_total_flops() == benchmark.flops_per_step("tiny", batch, src_len, tgt_len)
     assert logits.shape == (batch, tgt_len, benchmark.SIZES["tiny"]["vocab"])

@@ -1,4 +1,5 @@
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ import transformer_lib as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from torch_baseline import TorchTransformer  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
+
+
+def attention_path(model: nn.Module, fused: bool):
+    """The fused kernel (the default: nothing to switch) or, inside the block, the explicit path."""
+    return nullcontext() if fused else tl.explicit_attention(model)
 
 SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
 
@@ -51,50 +57,46 @@ def test_matches_torch_transformer(norm_first):
 @pytest.mark.parametrize("fused", [True, False])
 def test_decoder_never_sees_the_future(norm_first, fused):
     model = small_model(norm_first).eval()
-    for module in model.modules():
-        if isinstance(module, tl.MultiHeadAttention):
-            module.fused = fused
-    src, tgt = batch()
-    src_mask = tl.padding_mask(src, 0)
-    memory = model.encode(src, src_mask)
-    tgt = tgt.clone()
-    tgt[2] = torch.randint(1, SMALL["tgt_vocab_size"], (7,))  # no padding: only the causal mask protects it
-    y = model.tgt_positional(model.tgt_embed(tgt)).detach().requires_grad_()
-    out = model.decoder(y, memory, src_mask, tl.target_mask(tgt, 0))
-    probe = torch.randn_like(out)  # a plain .sum() of a LayerNorm output has zero gradient
-    for t in range(tgt.size(1)):
-        (grad,) = torch.autograd.grad((out[:, t] * probe[:, t]).sum(), y, retain_graph=True)
-        assert (grad[:, t + 1 :] == 0).all(), f"position {t} receives gradient from later positions"
-        assert (grad[:, : t + 1].abs().sum() > 0), f"position {t} should depend on positions 0..{t}"
-    # and by perturbation, through the public forward: changing token t+1.. leaves logits 0..t unchanged
-    logits = model(src, tgt)
-    changed = tgt.clone()
-    changed[:, 4:] = torch.randint(1, SMALL["tgt_vocab_size"], (3, 3))
-    torch.testing.assert_close(model(src, changed)[:, :4], logits[:, :4], atol=0, rtol=0)
+    with attention_path(model, fused):
+        src, tgt = batch()
+        src_mask = tl.padding_mask(src, 0)
+        memory = model.encode(src, src_mask)
+        tgt = tgt.clone()
+        tgt[2] = torch.randint(1, SMALL["tgt_vocab_size"], (7,))  # no padding: only the causal mask protects it
+        y = model.tgt_positional(model.tgt_embed(tgt)).detach().requires_grad_()
+        out = model.decoder(y, memory, src_mask, tl.target_mask(tgt, 0))
+        probe = torch.randn_like(out)  # a plain .sum() of a LayerNorm output has zero gradient
+        for t in range(tgt.size(1)):
+            (grad,) = torch.autograd.grad((out[:, t] * probe[:, t]).sum(), y, retain_graph=True)
+            assert (grad[:, t + 1 :] == 0).all(), f"position {t} receives gradient from later positions"
+            assert (grad[:, : t + 1].abs().sum() > 0), f"position {t} should depend on positions 0..{t}"
+        # and by perturbation, through the public forward: changing token t+1.. leaves logits 0..t unchanged
+        logits = model(src, tgt)
+        changed = tgt.clone()
+        changed[:, 4:] = torch.randint(1, SMALL["tgt_vocab_size"], (3, 3))
+        torch.testing.assert_close(model(src, changed)[:, :4], logits[:, :4], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("fused", [True, False])
 def test_no_information_flows_from_padding(norm_first, fused):
     model = small_model(norm_first).eval()
-    for module in model.modules():
-        if isinstance(module, tl.MultiHeadAttention):
-            module.fused = fused
-    src, tgt = batch(pad_src=4)
-    src_mask = tl.padding_mask(src, 0)
-    x = model.src_positional(model.src_embed(src)).detach().requires_grad_()
-    memory = model.encoder(x, src_mask)
-    logits = model.decode(tgt, memory, src_mask)
-    (grad,) = torch.autograd.grad((logits * torch.randn_like(logits)).sum(), x)
-    assert (grad[1, -4:] == 0).all(), "source padding leaked into the output (encoder or cross-attention)"
-    assert (grad[1, :-4] != 0).any()
-    # and the padded sentence translates as it does alone, without padding. The two are the same arithmetic in
-    # another order (other matrix shapes, so other blockings of each sum): float32 rounding, eps 1.2e-7 times
-    # sqrt(64) for a sum of 64 terms, about 1e-6 of the value per matrix product, a dozen products in sequence and
-    # logits up to about 5, so some 1e-5 at the very worst. Seen: at most 1.8e-6 (40 seeds x 4 settings, 1 and 2
-    # threads, AMD EPYC). 1e-4 leaves a margin of over 50; leaked padding moves logits by orders of magnitude more.
-    alone = model(src[1:2, :-4], tgt[1:2])
-    torch.testing.assert_close(model(src, tgt)[1:2], alone, atol=1e-4, rtol=1e-4)
+    with attention_path(model, fused):
+        src, tgt = batch(pad_src=4)
+        src_mask = tl.padding_mask(src, 0)
+        x = model.src_positional(model.src_embed(src)).detach().requires_grad_()
+        memory = model.encoder(x, src_mask)
+        logits = model.decode(tgt, memory, src_mask)
+        (grad,) = torch.autograd.grad((logits * torch.randn_like(logits)).sum(), x)
+        assert (grad[1, -4:] == 0).all(), "source padding leaked into the output (encoder or cross-attention)"
+        assert (grad[1, :-4] != 0).any()
+        # and the padded sentence translates as it does alone, without padding. The two are the same arithmetic in
+        # another order (other matrix shapes, so other blockings of each sum): float32 rounding, eps 1.2e-7 times
+        # sqrt(64) for a sum of 64 terms, about 1e-6 of the value per matrix product, a dozen products in sequence and
+        # logits up to about 5, so some 1e-5 at the very worst. Seen: at most 1.8e-6 (40 seeds x 4 settings, 1 and 2
+        # threads, AMD EPYC). 1e-4 leaves a margin of over 50; leaked padding moves logits by orders of magnitude more.
+        alone = model(src[1:2, :-4], tgt[1:2])
+        torch.testing.assert_close(model(src, tgt)[1:2], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_all_padding_source_gives_no_nan():

@@ -1,4 +1,5 @@
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from torch_baseline import copy_attention  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
 
 
+def attention_path(model: nn.Module, fused: bool):
+    """The fused kernel (the default: nothing to switch) or, inside the block, the explicit path."""
+    return nullcontext() if fused else tl.explicit_attention(model)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_torch_multihead_attention(fused, causal):
     d_model, n_heads = 32, 4
     ours = tl.MultiHeadAttention(d_model, n_heads)
-    ours.fused = fused
     theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
     copy_attention(ours, theirs)
     query = torch.randn(3, 6, d_model)
@@ -29,7 +34,8 @@ def test_matches_torch_multihead_attention(fused, causal):
         mask = mask & tl.causal_mask(6)
         attn_mask = ~tl.causal_mask(6)[0, 0]  # torch's bool attn_mask: True = may NOT attend
     out, weights = ours(query, memory, memory, mask, need_weights=True)
-    fast, _ = ours(query, memory, memory, mask)
+    with attention_path(ours, fused):
+        fast, _ = ours(query, memory, memory, mask)  # the fused kernel, or the explicit path
     ref, ref_weights = theirs(
         query, memory, memory, key_padding_mask=(ids == 0), attn_mask=attn_mask, average_attn_weights=False
     )

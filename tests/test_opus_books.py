@@ -7,7 +7,9 @@ import pytest
 
 import transformer_lib as tl
 from transformer_lib.embedding import train_bpe_tokenizer, train_word_tokenizer
-from transformer_lib.translation import corpus_scores, load_pairs, load_translator
+from transformer_lib.data import load_pairs
+from transformer_lib.scoring import corpus_scores
+from transformer_lib.translation import load_translator
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

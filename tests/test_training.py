@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from transformer_lib.decoding import greedy_decode
 from transformer_lib.training import (
-    greedy_decode,
     load_checkpoint,
     make_optimizer,
     noam_lr,
@@ -140,15 +140,16 @@ def test_cached_and_uncached_decoding_agree(norm_first):
     src_mask = tl.padding_mask(src, 0)
     memory = model.encode(src, src_mask)
     full = model.decode(tgt, memory, src_mask)
-    cache = model.init_cache()
-    steps = torch.cat([model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(7)], dim=1)
+    cache = tl.KVCache(len(model.decoder.layers))
+    steps = torch.cat([tl.decode_step(model, tgt[:, t : t + 1], memory, src_mask, cache) for t in range(7)], dim=1)
     # One position at a time against all at once: the same sums in another order (see test_model's padding test
     # for the estimate, some 1e-5 at the very worst). Seen: 6% of the former tolerance 1e-5 (1 and 2 threads, AMD
     # EPYC), a margin of 16, thin for another CPU; 1e-4 leaves one of over 150.
     torch.testing.assert_close(steps, full, atol=1e-4, rtol=1e-4)
-    cached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=True)
-    uncached = greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID, use_cache=False)
+    cached = tl.beam_search(model, src, 1, 12, use_cache=True)  # greedy search with the cache ...
+    uncached = tl.beam_search(model, src, 1, 12, use_cache=False)  # ... and without it
     assert torch.equal(cached, uncached)
+    assert torch.equal(cached, greedy_decode(model, src, 12, tl.BOS_ID, tl.EOS_ID)[:, : cached.size(1)])
 
 
 def test_greedy_decoding_runs_in_eval_mode_and_leaves_the_mode_as_it_found_it():

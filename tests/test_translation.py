@@ -10,15 +10,18 @@ import sacrebleu
 import torch
 
 import transformer_lib as tl
+from transformer_lib import data
+from transformer_lib import decoding
+from transformer_lib import scoring
 from transformer_lib import translation as tr
-from transformer_lib.training import greedy_decode
+from transformer_lib.decoding import greedy_decode
 
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def write_multi30k(folder: Path, rows: list[dict]) -> Path:
     (folder / "multi30k").mkdir(parents=True)
-    for split in tr.SPLITS:
+    for split in data.SPLITS:
         with open(folder / "multi30k" / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -27,16 +30,16 @@ def write_multi30k(folder: Path, rows: list[dict]) -> Path:
 
 def test_local_multi30k_folder_in_either_direction(tmp_path, monkeypatch):
     rows = [{"en": "A dog runs.", "de": "Ein Hund läuft."}, {"en": "Two cats.", "de": "Zwei Katzen."}]
-    monkeypatch.setenv(tr.DATA_ENV, str(write_multi30k(tmp_path, rows)))
-    assert tr.load_pairs("multi30k", "train", "de", "en") == [("Ein Hund läuft.", "A dog runs."), ("Zwei Katzen.", "Two cats.")]
-    assert tr.load_pairs("multi30k", "test", "en", "de")[0] == ("A dog runs.", "Ein Hund läuft.")
+    monkeypatch.setenv(data.DATA_ENV, str(write_multi30k(tmp_path, rows)))
+    assert data.load_pairs("multi30k", "train", "de", "en") == [("Ein Hund läuft.", "A dog runs."), ("Zwei Katzen.", "Two cats.")]
+    assert data.load_pairs("multi30k", "test", "en", "de")[0] == ("A dog runs.", "Ein Hund läuft.")
 
 
 def test_the_shared_offline_copy_has_every_split(monkeypatch):
     if not (DATA / "multi30k" / "test.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
-    monkeypatch.setenv(tr.DATA_ENV, str(DATA))
-    sizes = {split: len(tr.load_pairs("multi30k", split)) for split in tr.SPLITS}
+    monkeypatch.setenv(data.DATA_ENV, str(DATA))
+    sizes = {split: len(data.load_pairs("multi30k", split)) for split in data.SPLITS}
     assert sizes == {"train": 29000, "validation": 1014, "test": 1000}
 
 
@@ -51,14 +54,14 @@ def test_opus_books_schema_and_fixed_held_out_splits(monkeypatch):
         return datasets.Dataset.from_list(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.delenv(tr.DATA_ENV, raising=False)
-    splits = {split: tr.load_pairs("opus_books", split, "it", "en", config="en-it") for split in tr.SPLITS}
+    monkeypatch.delenv(data.DATA_ENV, raising=False)
+    splits = {split: data.load_pairs("opus_books", split, "it", "en", config="en-it") for split in data.SPLITS}
     assert calls[0] == ("Helsinki-NLP/opus_books", "en-it", "train")
     assert splits["test"][0][0].startswith("frase") and splits["test"][0][1].startswith("sentence")
-    assert [len(splits[s]) for s in tr.SPLITS] == [500, 1000, 1000]
+    assert [len(splits[s]) for s in data.SPLITS] == [500, 1000, 1000]
     every = sorted(pair for split in splits.values() for pair in split)
     assert every == sorted((r["translation"]["it"], r["translation"]["en"]) for r in rows)  # disjoint and complete
-    assert splits == {split: tr.load_pairs("opus_books", split, "it", "en", config="en-it") for split in tr.SPLITS}
+    assert splits == {split: data.load_pairs("opus_books", split, "it", "en", config="en-it") for split in data.SPLITS}
 
 
 def test_multi30k_hub_id_and_columns(monkeypatch):
@@ -71,11 +74,11 @@ def test_multi30k_hub_id_and_columns(monkeypatch):
         return datasets.Dataset.from_list([{"en": "Hello.", "de": "Hallo."}])
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.delenv(tr.DATA_ENV, raising=False)
-    assert tr.load_pairs("multi30k", "validation", "en", "de") == [("Hello.", "Hallo.")]
+    monkeypatch.delenv(data.DATA_ENV, raising=False)
+    assert data.load_pairs("multi30k", "validation", "en", "de") == [("Hello.", "Hallo.")]
     assert calls == [("bentrevett/multi30k", None, "validation")]
     with pytest.raises(ValueError, match=r"language 'fr' is not a column.*\['en', 'de'\]"):
-        tr.load_pairs("multi30k", "validation", "fr", "en")
+        data.load_pairs("multi30k", "validation", "fr", "en")
 
 
 @pytest.mark.parametrize(
@@ -88,20 +91,20 @@ def test_multi30k_hub_id_and_columns(monkeypatch):
     ],
 )
 def test_bad_loader_arguments(kwargs, message, monkeypatch):
-    monkeypatch.delenv(tr.DATA_ENV, raising=False)
+    monkeypatch.delenv(data.DATA_ENV, raising=False)
     with pytest.raises(ValueError, match=message):
-        tr.load_pairs(**kwargs)
+        data.load_pairs(**kwargs)
 
 
 def test_a_folder_without_the_split_is_named(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
+    monkeypatch.setenv(data.DATA_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"multi30k/train.jsonl"):
-        tr.load_pairs()
+        data.load_pairs()
 
 
 def test_unreachable_hub_says_both_ways_to_fix_it(tmp_path):
-    code = "from transformer_lib.translation import load_pairs; load_pairs('multi30k', 'test')"
-    env = {k: v for k, v in os.environ.items() if k != tr.DATA_ENV}
+    code = "from transformer_lib.data import load_pairs; load_pairs('multi30k', 'test')"
+    env = {k: v for k, v in os.environ.items() if k != data.DATA_ENV}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
@@ -113,24 +116,24 @@ def test_every_pair_lands_in_exactly_one_batch_and_nothing_is_cut():
     torch.manual_seed(0)
     encoded = [([1] + [5] * int(n) + [2], [1] + [6] * int(m) + [2]) for n, m in torch.randint(1, 30, (500, 2))]
     for seed in (None, 0, 1):
-        batches = tr.token_budget_batches(encoded, max_tokens=256, seed=seed)
+        batches = data.token_budget_batches(encoded, max_tokens=256, seed=seed)
         seen = []
         for src, tgt in batches:
             assert src.numel() <= 256 and tgt.numel() <= 256
             for row_src, row_tgt in zip(src.tolist(), tgt.tolist()):
                 seen.append((tuple(x for x in row_src if x != tl.PAD_ID), tuple(x for x in row_tgt if x != tl.PAD_ID)))
         assert sorted(seen) == sorted((tuple(s), tuple(t)) for s, t in encoded)
-    assert [b[0].tolist() for b in tr.token_budget_batches(encoded, 256, seed=3)] == [
-        b[0].tolist() for b in tr.token_budget_batches(encoded, 256, seed=3)
+    assert [b[0].tolist() for b in data.token_budget_batches(encoded, 256, seed=3)] == [
+        b[0].tolist() for b in data.token_budget_batches(encoded, 256, seed=3)
     ]
     with pytest.raises(ValueError, match="more than max_tokens=10"):
-        tr.token_budget_batches(encoded, max_tokens=10)
+        data.token_budget_batches(encoded, max_tokens=10)
 
 
 def test_too_long_pairs_are_counted_not_cut():
     tokenizer = tl.train_bpe_tokenizer(["a b c d e f g h"] * 5, vocab_size=30, min_frequency=1)
     pairs = [("a b", "c d"), ("a b c d e f g h a b c d", "e"), ("f", "g h")]
-    kept, too_long = tr.encode_pairs(pairs, tokenizer, max_len=8)
+    kept, too_long = data.encode_pairs(pairs, tokenizer, max_len=8)
     assert too_long == 1 and len(kept) == 2
     assert all(src[0] == tl.BOS_ID and src[-1] == tl.EOS_ID for src, _ in kept)
 
@@ -147,10 +150,10 @@ def test_beam_size_one_equals_greedy_and_cache_changes_nothing():
     src = torch.randint(4, 30, (6, 9))
     src[2, 5:] = tl.PAD_ID
     greedy = greedy_decode(model, src, 15, tl.BOS_ID, tl.EOS_ID)
-    beam1 = tr.beam_search(model, src, beam_size=1, max_len=15)
+    beam1 = decoding.beam_search(model, src, beam_size=1, max_len=15)
     assert torch.equal(beam1, greedy[:, : beam1.size(1)])
     for k in (2, 4):
-        assert torch.equal(tr.beam_search(model, src, k, 15), tr.beam_search(model, src, k, 15, use_cache=False))
+        assert torch.equal(decoding.beam_search(model, src, k, 15), decoding.beam_search(model, src, k, 15, use_cache=False))
 
 
 def test_beam_search_uses_the_models_special_ids_not_the_defaults():
@@ -164,7 +167,7 @@ def test_beam_search_uses_the_models_special_ids_not_the_defaults():
     greedy = greedy_decode(model, src, 20, bos, eos)
     for k in (1, 3):
         model.train()
-        out = tr.beam_search(model, src, beam_size=k, max_len=20, bos_id=bos, eos_id=eos)
+        out = decoding.beam_search(model, src, beam_size=k, max_len=20, bos_id=bos, eos_id=eos)
         assert model.training, "beam_search must leave the model in the mode it found it"
         if k == 1:
             assert torch.equal(out, greedy)
@@ -172,7 +175,7 @@ def test_beam_search_uses_the_models_special_ids_not_the_defaults():
             if eos in row:
                 assert set(row[row.index(eos) + 1:]) <= {pad}
     with torch.no_grad():  # the special ids change the result: the defaults would start from another token
-        assert not torch.equal(tr.beam_search(model, src, beam_size=1, max_len=20), greedy)
+        assert not torch.equal(decoding.beam_search(model, src, beam_size=1, max_len=20), greedy)
 
 
 def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
@@ -185,35 +188,35 @@ def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
         token_lp = logits.gather(-1, tgt[:, 1:, None])[..., 0]
         return token_lp.masked_fill(tgt[:, 1:] == tl.PAD_ID, 0).sum(-1)
 
-    greedy = tr.beam_search(model, src, 1, 12, alpha=0.0)
-    beam = tr.beam_search(model, src, 5, 12, alpha=0.0)
+    greedy = decoding.beam_search(model, src, 1, 12, alpha=0.0)
+    beam = decoding.beam_search(model, src, 5, 12, alpha=0.0)
     assert (log_prob(beam) >= log_prob(greedy) - 1e-4).all()
 
 
 def test_scores_use_sacrebleu_with_signatures_and_refuse_tiny_sets():
     hyps = [f"a small dog runs on the grass number {i}" for i in range(120)]
-    scores = tr.corpus_scores(hyps, hyps)
+    scores = scoring.corpus_scores(hyps, hyps)
     assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     with pytest.raises(ValueError, match="BLEU on 2 sentences is noise"):
-        tr.corpus_scores(hyps[:2], hyps[:2])
+        scoring.corpus_scores(hyps[:2], hyps[:2])
     with pytest.raises(ValueError, match="120 hypotheses but 119 references"):
-        tr.corpus_scores(hyps, hyps[:-1])
+        scoring.corpus_scores(hyps, hyps[:-1])
 
 
 def test_tiny_end_to_end_run_on_offline_multi30k(tmp_path, monkeypatch):
     if not (DATA / "multi30k" / "train.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
-    monkeypatch.setenv(tr.DATA_ENV, str(DATA))
+    monkeypatch.setenv(data.DATA_ENV, str(DATA))
     summary = tr.train_translator(tmp_path, preset="tiny", train_limit=2000, max_steps=120, progress=False)
     losses = [loss for _, loss in summary["history"]]
     assert losses[-1] < 0.75 * losses[0], losses
     assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "tokenizer.json").is_file()
     model, tokenizer = tr.load_translator(tmp_path)
     assert not model.training
-    pairs = tr.load_pairs("multi30k", "test")
+    pairs = data.load_pairs("multi30k", "test")
     hyps = tr.translate(model, tokenizer, [s for s, _ in pairs[:150]], beam_size=1)
-    scores = tr.corpus_scores(hyps, [t for _, t in pairs[:150]])
+    scores = scoring.corpus_scores(hyps, [t for _, t in pairs[:150]])
     references = [t for _, t in pairs[:150]]
     assert scores["sentences"] == 150
     # sacreBLEU's scores of these translations against their references (not the other way round: chrF weighs
@@ -250,7 +253,7 @@ def quick_run(out: Path, **kwargs) -> dict:
 
 
 def test_a_finished_run_is_refused_resumed_or_overwritten_but_never_silently_replaced(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     out = tmp_path / "run"
     quick_run(out)
     before = (out / "checkpoint.pt").read_bytes()
@@ -268,7 +271,7 @@ def test_a_finished_run_is_refused_resumed_or_overwritten_but_never_silently_rep
 
 
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     for overrides, message in [({"training": {"lr": 0.1}}, "did you mean 'lr_factor'"),
                                ({"training": {"warmup": 0}}, "training.warmup must be a positive integer"),
                                ({"model": {"norm_first": "no"}}, "model.norm_first must be true or false")]:
@@ -282,7 +285,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, monkeypat
 def test_a_diverged_run_stops_with_a_clear_error_and_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
     import transformer_lib.training as training
 
-    monkeypatch.setenv(tr.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     calls, original = [], training.translation_loss
 
     def diverging_loss(*args, **kwargs):  # what a far too high learning rate does, made certain: NaN from step 3
@@ -306,11 +309,11 @@ def test_a_diverged_run_stops_with_a_clear_error_and_keeps_its_last_good_checkpo
 )
 def test_bad_corpus_files_are_named(tmp_path, monkeypatch, content, message):
     (tmp_path / "multi30k").mkdir()
-    for split in tr.SPLITS:
+    for split in data.SPLITS:
         (tmp_path / "multi30k" / f"{split}.jsonl").write_bytes(content)
-    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
+    monkeypatch.setenv(data.DATA_ENV, str(tmp_path))
     with pytest.raises(ValueError, match=message):
-        tr.load_pairs("multi30k", "train")
+        data.load_pairs("multi30k", "train")
 
 
 def test_empty_sentences_are_refused_and_a_toy_checkpoint_is_not_a_translator(tmp_path):

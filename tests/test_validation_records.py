@@ -8,6 +8,7 @@ import random
 import pytest
 
 import transformer_lib as tl
+from transformer_lib import data
 from transformer_lib import translation as tr
 
 WORDS_DE = ["Ein", "Hund", "Mann", "Frau", "läuft", "sitzt", "im", "Park", "am", "Strand", "rot", "groß"]
@@ -32,7 +33,7 @@ TINY = {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "max_l
 
 
 def test_every_epoch_leaves_a_record_and_bleu_comes_every_bleu_every(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(write_corpus(tmp_path / "data")))
     seen = []
     summary = tl.train_translator(tmp_path / "run", preset="tiny", overrides=TINY, epochs=3, progress=False,
                                   on_record=seen.append)
@@ -48,7 +49,7 @@ def test_every_epoch_leaves_a_record_and_bleu_comes_every_bleu_every(tmp_path, m
 
 
 def test_a_resumed_run_keeps_its_records(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(write_corpus(tmp_path / "data")))
     straight = tl.train_translator(tmp_path / "a", preset="tiny", overrides=TINY, epochs=2, progress=False)
     tl.train_translator(tmp_path / "b", preset="tiny", overrides=TINY, epochs=1, progress=False)
     resumed = tl.train_translator(tmp_path / "b", resume=True, epochs=2, progress=False)
@@ -59,7 +60,7 @@ def test_a_resumed_run_keeps_its_records(tmp_path, monkeypatch):
 
 
 def test_the_word_level_tokenizer_is_a_training_setting(tmp_path, monkeypatch):
-    monkeypatch.setenv(tr.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    monkeypatch.setenv(data.DATA_ENV, str(write_corpus(tmp_path / "data")))
     overrides = {"model": TINY["model"], "training": {**TINY["training"], "tokenizer": "word", "bleu_every": 0}}
     tl.train_translator(tmp_path / "run", preset="tiny", overrides=overrides, max_steps=3, progress=False)
     _, tokenizer = tl.load_translator(tmp_path / "run", "cpu")
@@ -76,8 +77,8 @@ def test_opus_books_reads_a_local_file(tmp_path, monkeypatch):
     rows = [{"id": str(i), "translation": {"en": f"sentence {i}", "it": f"frase {i}"}} for i in range(2100)]
     (tmp_path / "opus_books").mkdir()
     (tmp_path / "opus_books" / "en-it.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    monkeypatch.setenv(tr.DATA_ENV, str(tmp_path))
-    test = tr.load_pairs("opus_books", "test", "en", "it", config="en-it")
+    monkeypatch.setenv(data.DATA_ENV, str(tmp_path))
+    test = data.load_pairs("opus_books", "test", "en", "it", config="en-it")
     assert len(test) == 1000 and test[0][0].startswith("sentence") and test[0][1].startswith("frase")
 
 

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing the package
 
 import transformer_lib as tl  # noqa: E402
-from transformer_lib import masks, model, training, translation  # noqa: E402
+from transformer_lib import decoding, masks, model, training  # noqa: E402
 
 FIGURES_DIR = ROOT / "book" / "figures"
 MANIFEST = FIGURES_DIR / "manifest.json"
@@ -509,7 +509,7 @@ def _reversal_batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _traced_beam_search(net, src: torch.Tensor, k: int, max_len: int, alpha: float) -> list[dict]:
-    """translation.beam_search for one sentence, recording every step's candidates; same scoring, no cache."""
+    """decoding.beam_search for one sentence, recording every step's candidates; same scoring, no cache."""
     memory = net.encode(src)
     src_mask = masks.padding_mask(src, net.cfg.pad_id)
     beams = [{"tokens": [tl.BOS_ID], "score": 0.0, "length": 0, "finished": False}]
@@ -529,7 +529,7 @@ def _traced_beam_search(net, src: torch.Tensor, k: int, max_len: int, alpha: flo
                 candidates.append({"tokens": beam["tokens"] + [token], "score": score, "length": length,
                                    "finished": token == tl.EOS_ID, "parent": b})
         for c in candidates:
-            c["ranked"] = c["score"] / float(translation.length_penalty(torch.tensor(c["length"]), alpha))
+            c["ranked"] = c["score"] / float(decoding.length_penalty(torch.tensor(c["length"]), alpha))
         order = sorted(range(len(candidates)), key=lambda i: -candidates[i]["ranked"])
         kept = order[:k]
         steps.append({"candidates": candidates, "kept": kept, "parents": beams})
@@ -539,8 +539,8 @@ def _traced_beam_search(net, src: torch.Tensor, k: int, max_len: int, alpha: flo
     return steps
 
 
-@figure("beam_search_tree.svg", deps=(translation.beam_search, translation.length_penalty, training.train,
-                                       training.make_optimizer, training.translation_loss, training.greedy_decode,
+@figure("beam_search_tree.svg", deps=(decoding.beam_search, decoding.length_penalty, training.train,
+                                       training.make_optimizer, training.translation_loss, decoding.greedy_decode,
                                        model.Transformer))
 def beam_search_tree() -> plt.Figure:
     """A beam-search tree (k = 3, alpha = 0.6) from a small reversal model trained here for a few seconds."""
@@ -558,8 +558,8 @@ def beam_search_tree() -> plt.Figure:
     k, alpha, max_len = 3, 0.6, 8
     with torch.no_grad():
         steps = _traced_beam_search(net, src, k, max_len, alpha)
-        library = translation.beam_search(net, src, beam_size=k, max_len=max_len, alpha=alpha)[0].tolist()
-        greedy = training.greedy_decode(net, src, max_len, tl.BOS_ID, tl.EOS_ID)[0].tolist()
+        library = decoding.beam_search(net, src, beam_size=k, max_len=max_len, alpha=alpha)[0].tolist()
+        greedy = decoding.greedy_decode(net, src, max_len, tl.BOS_ID, tl.EOS_ID)[0].tolist()
     final = [steps[-1]["candidates"][i] for i in steps[-1]["kept"]]
     best = max(final, key=lambda c: c["ranked"])
     traced = best["tokens"][1:] + [tl.PAD_ID] * (len(library) - len(best["tokens"][1:]))

@@ -1,12 +1,14 @@
 """transformer_lib: the encoder-decoder Transformer built piece by piece in the book "Transformer, Piece by Piece".
 
-The modules named after chapters (embedding, positional, attention, masks, multihead, model, training, translation,
-attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading (the exercise graders), distributed (training
+The modules of the chapters (embedding, positional, attention, masks, multihead, model, training, decoding, data,
+scoring, translation, attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading (the exercise graders), distributed (training
 under torchrun), runs (safe files, settings checks, clear errors) and cli (the command line, `python -m
 transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
+from transformer_lib.data import load_pairs
+from transformer_lib.decoding import KVCache, beam_search, decode_step, greedy_decode
 from transformer_lib.embedding import (
     BOS_ID,
     EOS_ID,
@@ -31,12 +33,12 @@ from transformer_lib.model import (
     TransformerConfig,
     count_parameters,
 )
-from transformer_lib.multihead import MultiHeadAttention
+from transformer_lib.multihead import MultiHeadAttention, explicit_attention
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from transformer_lib.runtime import get_device, is_smoke, smoke_or  # the smoke switch: the book's, not in __all__
+from transformer_lib.scoring import corpus_scores
 from transformer_lib.training import (
     TrainState,
-    greedy_decode,
     load_checkpoint,
     make_optimizer,
     noam_lr,
@@ -44,14 +46,7 @@ from transformer_lib.training import (
     train,
     translation_loss,
 )
-from transformer_lib.translation import (
-    beam_search,
-    corpus_scores,
-    load_pairs,
-    load_translator,
-    train_translator,
-    translate,
-)
+from transformer_lib.translation import load_translator, train_translator, translate
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
@@ -62,6 +57,7 @@ __all__ = [
     "EOS_ID",
     "Encoder",
     "EncoderLayer",
+    "KVCache",
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
     "PAD_ID",
@@ -80,6 +76,8 @@ __all__ = [
     "check_token_ids",
     "corpus_scores",
     "count_parameters",
+    "decode_step",
+    "explicit_attention",
     "get_device",
     "greedy_decode",
     "load_checkpoint",

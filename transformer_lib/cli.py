@@ -23,16 +23,9 @@ from transformer_lib.runs import (
     validate_settings,
 )
 from transformer_lib.training import load_checkpoint
-from transformer_lib.translation import (
-    CORPORA,
-    PRESETS,
-    SPLITS,
-    corpus_scores,
-    load_pairs,
-    load_translator,
-    train_translator,
-    translate,
-)
+from transformer_lib.data import CORPORA, SPLITS, load_pairs
+from transformer_lib.scoring import corpus_scores
+from transformer_lib.translation import PRESETS, load_translator, train_translator, translate
 
 MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
