@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 import transformer_lib as tl
 from transformer_lib.distributed import (
+    TorchrunProcess,
     data_parallel,
-    destroy_distributed,
     init_distributed,
     is_main_process,
     launch_info,
@@ -23,7 +23,7 @@ from transformer_lib.distributed import (
     token_share,
     unwrap,
 )
-from transformer_lib.training import train
+from transformer_lib.training import SingleProcess, train
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
@@ -117,6 +117,26 @@ def test_on_one_process_every_helper_does_nothing(monkeypatch):
     assert share.weight == 1.0 and share.loss.item() == 2.5 and int(share.tokens) == 7
 
 
+def test_torchrun_process_has_chapter_7s_members_and_on_one_process_behaves_like_it(monkeypatch):
+    """train and train_translator use only SingleProcess's members: TorchrunProcess must have each of them."""
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    members = {name for name in dir(SingleProcess) if not name.startswith("_")}
+    assert members == {"is_main", "world_size", "device", "broadcast", "shard", "wrap", "unwrap", "share"}
+    single, torchrun = SingleProcess(), TorchrunProcess()
+    assert members <= {name for name in dir(TorchrunProcess) if not name.startswith("_")}
+    assert not torchrun.joined  # a single process joins no group
+    src, tgt = random_batch([(3, 4), (4, 3)])
+    model = new_model()
+    for process in (single, torchrun):
+        assert process.is_main and process.world_size == 1 and process.device() == tl.get_device()
+        assert process.broadcast("tokenizer") == "tokenizer" and process.shard(src, tgt, PAD) == (src, tgt)
+        assert process.wrap(model) is model and process.unwrap(model) is model
+        weight, loss, tokens = process.share(torch.tensor(2.5), torch.tensor(7))
+        assert weight == 1.0 and loss.item() == 2.5 and int(tokens) == 7
+    torchrun.close()
+
+
 def test_a_wrong_torchrun_environment_is_named(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -135,22 +155,23 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="")
     torch.set_num_threads(1 + rank)  # other thread counts split the reductions differently: rounding must not matter
-    assert init_distributed() and dist.get_backend() == "gloo"
+    process = TorchrunProcess()  # joins the group, as the command line does under torchrun
+    assert process.joined and dist.get_backend() == "gloo"
     model = data_parallel(new_model())
     optimizer, scheduler = sgd(unwrap(model))
     batches = [shard_batch(src, tgt, PAD, whole_if_small=True) for src, tgt in global_batches()]
     state, spread = None, []
     for step in range(1, STEPS + 1):  # one step per call, to compare the replicas after every step
         state = train(model, lambda epoch: batches, optimizer, scheduler, max_steps=step, state=state, log_every=1,
-                      progress=False)
+                      progress=False, process=process)
         flat = torch.nn.utils.parameters_to_vector(unwrap(model).parameters()).detach()  # (n_params,)
         everyone = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(everyone, flat)
         spread.append(max(float((other - flat).abs().max()) for other in everyone))
     tokens = [int((tgt[:, 1:] != PAD).sum()) for _, tgt in batches[:3]]
     torch.save({"history": state.history, "spread": spread, "tokens": tokens, "weights": unwrap(model).state_dict(),
-                "main": is_main_process()}, Path(out_dir) / f"rank{rank}.pt")
-    destroy_distributed()
+                "main": process.is_main}, Path(out_dir) / f"rank{rank}.pt")
+    process.close()
 
 
 def test_two_gloo_processes_train_exactly_like_one_on_the_global_batch(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_lib.distributed import is_main_process
+from transformer_lib.distributed import TorchrunProcess, launched_by_torchrun
 from transformer_lib.runs import (
     DivergedError,
     atomic_write_text,
@@ -168,14 +168,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         overrides, preset = _train_settings(args)
     check_run_folder(args.out, args.resume, args.overwrite)
-    summary = train_translator(
-        args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
-        corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
-        epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
-        compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
-    )
-    if not is_main_process():  # under torchrun, rank 0 speaks for all processes
-        return 0
+    process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
+    try:
+        summary = train_translator(
+            args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
+            corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
+            epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
+            compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
+            process=process,
+        )
+        if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
+            return 0
+    finally:
+        if process is not None:
+            process.close()  # leave the process group, after the others are done
     last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")

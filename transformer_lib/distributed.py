@@ -3,6 +3,10 @@
 torchrun starts one process per device and tells each, through environment variables, who it is. These helpers
 join those processes into one group, give each its share of every batch and keep the training exact. On a single
 process (no torchrun) each of them does nothing: the rank is 0, nothing is split, the loss weight is 1.0.
+
+TorchrunProcess gathers them behind the members of chapter 7's SingleProcess, so that chapter 7's `train` and
+chapter 8's `train_translator` run under torchrun when they are given one (`process=TorchrunProcess()`), as the
+command line does when torchrun started it, without a line of their own about ranks.
 """
 
 import os
@@ -179,3 +183,52 @@ def token_share(loss: Tensor, tokens: Tensor) -> TokenShare:
     dist.all_reduce(totals)  # (2,): sums over all processes
     weight = (tokens * world_size() / totals[1]).to(loss.dtype)
     return TokenShare(weight, totals[0] / totals[1], totals[1])
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or torch.distributed.run) started this process as one of several."""
+    return launch_info().world_size > 1
+
+
+class TorchrunProcess:
+    """One of the processes torchrun started, with the members of chapter 7's SingleProcess (training.py).
+
+    Creating it joins the group (init_distributed); close() leaves it. Only the main process (rank 0) shows progress
+    and writes files; the tokenizer is trained there and broadcast; each process trains on its shard of every batch,
+    with the model in DistributedDataParallel and its loss weighted by token_share.
+    """
+
+    def __init__(self) -> None:
+        self.joined = init_distributed()  # False when a group already exists, or on a single process
+
+    @property
+    def is_main(self) -> bool:
+        return is_main_process()
+
+    @property
+    def world_size(self) -> int:
+        return world_size()
+
+    def device(self) -> torch.device:
+        return local_device()
+
+    def broadcast(self, obj: Any) -> Any:
+        return broadcast_from_main(obj)
+
+    def shard(self, src: Tensor, tgt: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+        return shard_batch(src, tgt, pad_id, whole_if_small=True)  # a batch smaller than the group goes to everyone
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return data_parallel(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return unwrap(model)
+
+    def share(self, loss: Tensor, tokens: Tensor) -> TokenShare:
+        return token_share(loss, tokens)
+
+    def close(self) -> None:
+        """Leave the group if this object joined it."""
+        if self.joined:
+            destroy_distributed()
+            self.joined = False
