@@ -325,3 +325,19 @@ def test_empty_sentences_are_refused_and_a_toy_checkpoint_is_not_a_translator(tm
     tl.save_checkpoint(tmp_path / "toy.pt", model, optimizer, scheduler, None, tl.TrainState())
     with pytest.raises(ValueError, match="without its tokenizer"):
         tr.load_translator(tmp_path / "toy.pt", "cpu")
+
+
+def test_decode_step_refuses_a_cache_or_memory_that_does_not_fit():
+    torch.manual_seed(0)
+    model = tl.Transformer(tl.TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2,
+                                                n_layers=2, d_ff=32, dropout=0.0)).eval()
+    src = torch.randint(4, 20, (3, 5))
+    src_mask = tl.padding_mask(src, 0)
+    memory = model.encode(src, src_mask)
+    bos = torch.full((3, 1), tl.BOS_ID)
+    with pytest.raises(ValueError, match=r"cache holds 3 layers but the decoder has 2; expected KVCache\(len"):
+        tl.decode_step(model, bos, memory, src_mask, tl.KVCache(3))
+    with pytest.raises(ValueError, match=r"same batch size, got shapes \(2, 1\) and \(3, 5, 16\)"):
+        tl.decode_step(model, bos[:2], memory, src_mask, tl.KVCache(2))
+    cache = tl.KVCache(2)
+    assert tl.decode_step(model, bos, memory, src_mask, cache).shape == (3, 1, 20) and cache.length == 1
