@@ -142,13 +142,13 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         self.scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
         self.forward = torch.compile(self.model) if compile else self.model
-        explicit = name == "library, explicit attention"
-        self.attention_path = (lambda: tl.explicit_attention(self.model)) if explicit else nullcontext
+        self.explicit = name == "library, explicit attention"
 
     def step(self, src: torch.Tensor, tgt: torch.Tensor) -> int:
         src, tgt = src.to(self.device, non_blocking=True), tgt.to(self.device, non_blocking=True)
         decoder_input, labels = teacher_forcing_pair(tgt)  # (B, T), (B, T)
-        with self.attention_path(), torch.autocast(self.device.type, dtype=self.amp) if self.amp else nullcontext():
+        amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else nullcontext()
+        with tl.explicit_attention(self.model, enabled=self.explicit), amp:
             logits = self.forward(src, decoder_input)  # (B, T, V)
             loss = translation_loss(logits.float(), labels, tl.PAD_ID, 0.1)
         self.optimizer.zero_grad(set_to_none=True)

@@ -54,3 +54,13 @@ def test_plots_label_the_axes_with_tokens_and_check_shapes():
     assert len(fig.axes) == 6
     with pytest.raises(ValueError, match=r"weights has shape \(4, 5\), expected \(3, 5\)"):
         plot_attention(weights[0, 0], ["a", "b", "c"], ["v", "w", "x", "y", "z"])
+
+
+def test_explicit_attention_with_enabled_false_changes_nothing():
+    model = small_model()
+    attention = [m for m in model.modules() if isinstance(m, tl.MultiHeadAttention)]
+    with explicit_attention(model, enabled=False):
+        assert all(m.fused for m in attention)
+    with explicit_attention(model, enabled=True):
+        assert not any(m.fused for m in attention)
+    assert all(m.fused for m in attention)

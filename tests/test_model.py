@@ -1,5 +1,4 @@
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -10,11 +9,6 @@ import transformer_lib as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from torch_baseline import TorchTransformer  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
-
-
-def attention_path(model: nn.Module, fused: bool):
-    """The fused kernel (the default: nothing to switch) or, inside the block, the explicit path."""
-    return nullcontext() if fused else tl.explicit_attention(model)
 
 SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
 
@@ -57,7 +51,7 @@ def test_matches_torch_transformer(norm_first):
 @pytest.mark.parametrize("fused", [True, False])
 def test_decoder_never_sees_the_future(norm_first, fused):
     model = small_model(norm_first).eval()
-    with attention_path(model, fused):
+    with tl.explicit_attention(model, enabled=not fused):
         src, tgt = batch()
         src_mask = tl.padding_mask(src, 0)
         memory = model.encode(src, src_mask)
@@ -81,7 +75,7 @@ def test_decoder_never_sees_the_future(norm_first, fused):
 @pytest.mark.parametrize("fused", [True, False])
 def test_no_information_flows_from_padding(norm_first, fused):
     model = small_model(norm_first).eval()
-    with attention_path(model, fused):
+    with tl.explicit_attention(model, enabled=not fused):
         src, tgt = batch(pad_src=4)
         src_mask = tl.padding_mask(src, 0)
         x = model.src_positional(model.src_embed(src)).detach().requires_grad_()

@@ -1,5 +1,4 @@
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -10,11 +9,6 @@ import transformer_lib as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from torch_baseline import copy_attention  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
-
-
-def attention_path(model: nn.Module, fused: bool):
-    """The fused kernel (the default: nothing to switch) or, inside the block, the explicit path."""
-    return nullcontext() if fused else tl.explicit_attention(model)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -34,7 +28,7 @@ def test_matches_torch_multihead_attention(fused, causal):
         mask = mask & tl.causal_mask(6)
         attn_mask = ~tl.causal_mask(6)[0, 0]  # torch's bool attn_mask: True = may NOT attend
     out, weights = ours(query, memory, memory, mask, need_weights=True)
-    with attention_path(ours, fused):
+    with tl.explicit_attention(ours, enabled=not fused):
         fast, _ = ours(query, memory, memory, mask)  # the fused kernel, or the explicit path
     ref, ref_weights = theirs(
         query, memory, memory, key_padding_mask=(ids == 0), attn_mask=attn_mask, average_attn_weights=False
