@@ -301,7 +301,8 @@ def diverged(step: int, what: str, value: Any, checkpoint_path: str | Path | Non
     """The error that stops a diverged run: what became non-finite, where, and what to do."""
     kept = f"{checkpoint_path} keeps the last checkpoint written before it; " if checkpoint_path else ""
     return DivergedError(
-        f"training diverged at step {step}: the {what} is {float(value)}, and the weights were not updated. {kept}"
+        f"training diverged at step {step}: the {what} is {float(value)}, so the weights in memory are not to be "
+        f"trusted. {kept}"
         f"lower the learning rate (lr_factor) or lengthen the warm-up (warmup), then train again"
     )
 

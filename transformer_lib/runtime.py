@@ -44,3 +44,22 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+AUTOCAST_ENV = "TRANSFORMER_LIB_AUTOCAST"
+_AUTOCAST_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+
+
+def autocast_override(natural: torch.dtype | None) -> torch.dtype | None:
+    """The mixed-precision type a GPU trains in: `natural` (the device's own choice, chapter 7's autocast_dtype)
+    unless TRANSFORMER_LIB_AUTOCAST names fp16, bf16 or fp32 (fp32: no autocast).
+
+    It exists for testing: fp16 with a GradScaler is what a T4 (Colab's free GPU) runs, and tools/gpu_check.py forces
+    it on a newer GPU to check that path where no T4 is at hand.
+    """
+    value = os.environ.get(AUTOCAST_ENV, "").strip().lower()
+    if not value:
+        return natural
+    if value not in _AUTOCAST_TYPES:
+        raise ValueError(f"{AUTOCAST_ENV} must be one of {', '.join(_AUTOCAST_TYPES)} or unset, got {value!r}")
+    return _AUTOCAST_TYPES[value]
