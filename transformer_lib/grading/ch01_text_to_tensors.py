@@ -54,4 +54,13 @@ def grade_token_embedding(fn: Callable[..., Tensor], seed: int | None = None) ->
                     "one-hot vectors (..., V) by the table (V, d_model) to get (..., d_model).")
         return None
 
-    _run("grade_token_embedding", fn, reference, cases, seed, hints=hints, diagnose=diagnose)
+    def explain_crash(case: Mapping[str, Any], error: Exception) -> str | None:
+        ids, weight = case["ids"], case["weight"]
+        if isinstance(error, RuntimeError) and "cannot be multiplied" in str(error) and ids.max() + 1 < weight.size(0):
+            return (f"F.one_hot(ids) without num_classes makes vectors of length ids.max() + 1 = {int(ids.max()) + 1} "
+                    f"here, the largest id it happens to see, not one entry per row of the table "
+                    f"(V = {weight.size(0)}); pass num_classes=weight.size(0).")
+        return None
+
+    _run("grade_token_embedding", fn, reference, cases, seed, hints=hints, diagnose=diagnose,
+         explain_crash=explain_crash)
