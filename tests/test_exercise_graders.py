@@ -26,6 +26,36 @@ MUTANT_SEEDS = range(4)  # a wrong answer must fail on every one of them, with t
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def bpe_segment(word, merges):  # apply each merge, in the order learned, wherever it fits
+    symbols = list(word) + ["</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+            i += 1
+    return symbols
+
+
+def bpe_segment_by_rank(word, merges):  # repeatedly merge the present pair with the best (lowest) rank
+    rank = {pair: r for r, pair in enumerate(merges)}
+    symbols = [*word, "</w>"]
+    while True:
+        present = [(rank[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in rank]
+        if not present:
+            return symbols
+        best = min(present)[0]
+        pair, out, i = merges[best], [], 0
+        while i < len(symbols):
+            if tuple(symbols[i : i + 2]) == pair:
+                out.append(symbols[i] + symbols[i + 1])
+                i += 2
+            else:
+                out.append(symbols[i])
+                i += 1
+        symbols = out
+
+
 def token_embedding(ids, weight):
     vocab_size, d_model = weight.shape
     return F.one_hot(ids, num_classes=vocab_size).to(weight.dtype) @ weight * math.sqrt(d_model)
@@ -122,6 +152,27 @@ def blockwise(q, k, v, block_size, rescale=True, divide=True, scale=True, skip_l
         out = out * factor + p @ v[..., start : start + block_size, :]
         m = m_new
     return (out / total if divide else out) + add
+
+
+def bpe_without_end_marker(word, merges):  # starts from the letters alone
+    symbols = list(word)
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+            i += 1
+    return symbols
+
+
+def _bpe_first_only(word, merges):
+    symbols = [*word, "</w>"]
+    for left, right in merges:
+        for i in range(len(symbols) - 1):
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+                break
+    return symbols
 
 
 def blockwise_without_running_max(q, k, v, block_size):  # plain exp and sums: overflows for large scores
@@ -243,6 +294,7 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
 
 
 CORRECT = {
+    "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_token_embedding": [token_embedding, token_embedding_by_indexing],
     "grade_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
     "grade_attention": [attention, attention_large_negative],
@@ -287,7 +339,27 @@ def attention_without_normalising(q, k, v, mask=None):
     return weights @ v, weights
 
 
+def bpe_leftmost_first(word, merges):  # merges the leftmost known pair, whatever its rank
+    symbols = [*word, "</w>"]
+    while True:
+        i = next((i for i, p in enumerate(zip(symbols, symbols[1:])) if p in merges), None)
+        if i is None:
+            return symbols
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
 MUTANTS = {
+    "grade_bpe_segment": [
+        ("leftmost pair first", bpe_leftmost_first, r"Likely cause: the merges are applied to the leftmost known pair"),
+        ("no end-of-word marker", bpe_without_end_marker,
+         r"Likely cause: the end-of-word marker '</w>' is missing"),
+        ("only the first occurrence", lambda word, merges: _bpe_first_only(word, merges),
+         r"Likely cause: each merge is applied only where its pair first occurs"),
+        ("a tuple", lambda word, merges: tuple(bpe_segment(word, merges)),
+         r"expected list \[.*\], got tuple"),
+        ("characters only", lambda word, merges: [*word, "</w>"],
+         r"case 1 of 7 \(a word of the corpus; .*\): expected \['newest</w>'\], got \['n', 'e', 'w'"),
+    ],
     "grade_token_embedding": [
         ("not scaled", lambda ids, weight: weight[ids], r"Likely cause: the embeddings are not scaled"),
         ("times d_model", lambda ids, weight: weight[ids] * weight.size(1), r"Likely cause: .*multiplied by d_model"),

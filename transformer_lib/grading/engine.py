@@ -197,6 +197,13 @@ def _difference(received: Any, expected: Any, atol: float, rtol: float, masks: b
             else:  # what is noticed about a later item (e.g. the weights) may explain the first (the output)
                 first[1].extend(f"In {label}: {note[0].lower()}{note[1:]}" for note in found[1])
         return first
+    if isinstance(expected, list):  # e.g. a list of tokens: compared item by item, exactly
+        if received == expected and isinstance(received, list):
+            return None
+        if not isinstance(received, list):
+            return f"expected list {expected!r}, got {_describe(received)}", _type_notes(received, expected)
+        first = next((i for i, (a, b) in enumerate(zip(received, expected)) if a != b), min(len(received), len(expected)))
+        return f"expected {expected!r}, got {received!r} (they first differ at item {first})", []
     if not isinstance(received, Tensor):
         return f"expected {_describe(expected)}, got {_describe(received)}", _type_notes(received, expected)
     if received.shape != expected.shape:
