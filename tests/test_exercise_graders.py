@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import transformer_lib as tl
 from transformer_lib import grading
 from transformer_lib.grading import EXERCISE_GRADERS, ExerciseGradeError
 
@@ -23,6 +24,36 @@ MUTANT_SEEDS = range(4)  # a wrong answer must fail on every one of them, with t
 # ---------------------------------------------------------------------------------------------------------------
 # Correct answers, written the way a learner would (not by calling the library function).
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def bpe_segment(word, merges):  # apply each merge, in the order learned, wherever it fits
+    symbols = list(word) + ["</w>"]
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+            i += 1
+    return symbols
+
+
+def bpe_segment_by_rank(word, merges):  # repeatedly merge the present pair with the best (lowest) rank
+    rank = {pair: r for r, pair in enumerate(merges)}
+    symbols = [*word, "</w>"]
+    while True:
+        present = [(rank[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in rank]
+        if not present:
+            return symbols
+        best = min(present)[0]
+        pair, out, i = merges[best], [], 0
+        while i < len(symbols):
+            if tuple(symbols[i : i + 2]) == pair:
+                out.append(symbols[i] + symbols[i + 1])
+                i += 2
+            else:
+                out.append(symbols[i])
+                i += 1
+        symbols = out
 
 
 def token_embedding(ids, weight):
@@ -121,6 +152,42 @@ def blockwise(q, k, v, block_size, rescale=True, divide=True, scale=True, skip_l
         out = out * factor + p @ v[..., start : start + block_size, :]
         m = m_new
     return (out / total if divide else out) + add
+
+
+def bpe_without_end_marker(word, merges):  # starts from the letters alone
+    symbols = list(word)
+    for left, right in merges:
+        i = 0
+        while i < len(symbols) - 1:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+            i += 1
+    return symbols
+
+
+def _bpe_first_only(word, merges):
+    symbols = [*word, "</w>"]
+    for left, right in merges:
+        for i in range(len(symbols) - 1):
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+                break
+    return symbols
+
+
+def blockwise_without_running_max(q, k, v, block_size):  # plain exp and sums: overflows for large scores
+    total, out = q.new_zeros((*q.shape[:-1], 1)), q.new_zeros((*q.shape[:-1], v.size(-1)))
+    for start in range(0, k.size(-2), block_size):
+        p = torch.exp(q @ k[..., start : start + block_size, :].transpose(-2, -1) / math.sqrt(q.size(-1)))
+        total = total + p.sum(-1, keepdim=True)
+        out = out + p @ v[..., start : start + block_size, :]
+    return out / total
+
+
+def blockwise_then_full_softmax(q, k, v, block_size):  # scores block by block, but gathered into one matrix
+    scores = torch.cat([q @ k[..., s : s + block_size, :].transpose(-2, -1) for s in range(0, k.size(-2), block_size)],
+                       dim=-1) / math.sqrt(q.size(-1))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def parameter_count(cfg, final_norms=True, tie=True, share=True, tables=2, attention_bias=True, ln=2):
@@ -227,6 +294,7 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
 
 
 CORRECT = {
+    "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_token_embedding": [token_embedding, token_embedding_by_indexing],
     "grade_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
     "grade_attention": [attention, attention_large_negative],
@@ -271,7 +339,27 @@ def attention_without_normalising(q, k, v, mask=None):
     return weights @ v, weights
 
 
+def bpe_leftmost_first(word, merges):  # merges the leftmost known pair, whatever its rank
+    symbols = [*word, "</w>"]
+    while True:
+        i = next((i for i, p in enumerate(zip(symbols, symbols[1:])) if p in merges), None)
+        if i is None:
+            return symbols
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
 MUTANTS = {
+    "grade_bpe_segment": [
+        ("leftmost pair first", bpe_leftmost_first, r"Likely cause: the merges are applied to the leftmost known pair"),
+        ("no end-of-word marker", bpe_without_end_marker,
+         r"Likely cause: the end-of-word marker '</w>' is missing"),
+        ("only the first occurrence", lambda word, merges: _bpe_first_only(word, merges),
+         r"Likely cause: each merge is applied only where its pair first occurs"),
+        ("a tuple", lambda word, merges: tuple(bpe_segment(word, merges)),
+         r"expected list \[.*\], got tuple"),
+        ("characters only", lambda word, merges: [*word, "</w>"],
+         r"case 1 of 7 \(a word of the corpus; .*\): expected \['newest</w>'\], got \['n', 'e', 'w'"),
+    ],
     "grade_token_embedding": [
         ("not scaled", lambda ids, weight: weight[ids], r"Likely cause: the embeddings are not scaled"),
         ("times d_model", lambda ids, weight: weight[ids] * weight.size(1), r"Likely cause: .*multiplied by d_model"),
@@ -279,7 +367,8 @@ MUTANTS = {
          r"Likely cause: .*divided by sqrt\(d_model\) instead of multiplied"),
         ("one_hot without num_classes",
          lambda ids, weight: F.one_hot(ids).float() @ weight * math.sqrt(weight.size(1)),
-         r"ids that use only the first 10 of the table's 40 rows.*your function raised RuntimeError"),
+         r"ids that use only the first 10 of the table's 40 rows.*your function raised RuntimeError.*\n"
+         r"Likely cause: F\.one_hot\(ids\) without num_classes makes vectors of length ids\.max\(\) \+ 1 = 10"),
         ("off by a small constant", lambda ids, weight: token_embedding(ids, weight) + 1e-3,
          r"values differ.*\nEvery value you return is the expected one plus 0\.001"),
         ("float64", lambda ids, weight: token_embedding(ids, weight).double(),
@@ -384,7 +473,18 @@ MUTANTS = {
         ("a softmax per block, summed", lambda q, k, v, block_size: sum(
             torch.softmax(q @ k[..., s : s + block_size, :].transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
             @ v[..., s : s + block_size, :] for s in range(0, k.size(-2), block_size)),
-         r"case 1 of 7 \(the last block is shorter .*\): \d+ of 320 values differ"),
+         r"case 1 of 8 \(the last block is shorter .*\): \d+ of 320 values differ"),
+        ("no running maximum", blockwise_without_running_max,
+         r"case 7 of 8 \(scores of several hundred.*\): your result contains NaN.*\n"
+         r"Likely cause: the exponentials are taken of the raw scores, without subtracting the running maximum"),
+        ("full attention from the library", lambda q, k, v, block_size: tl.scaled_dot_product_attention(q, k, v)[0],
+         r"the blocks check .*: your function made a tensor of shape \(1, 2, 5, 12\), scores or weights of all 12 "
+         r"keys"),
+        ("PyTorch's fused attention", lambda q, k, v, block_size: F.scaled_dot_product_attention(q, k, v),
+         r"the blocks check .*: your function called torch\.nn\.functional\.scaled_dot_product_attention on all "
+         r"12 keys at once"),
+        ("blocks, then all the scores again", blockwise_then_full_softmax,
+         r"the blocks check .*: your function made a tensor of shape \(1, 2, 5, 12\)"),
         ("off by a small constant", lambda q, k, v, block_size: blockwise(q, k, v, block_size, add=1e-3),
          r"Every value you return is the expected one plus 0\.001"),
     ],

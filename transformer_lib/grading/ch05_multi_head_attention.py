@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
-from .engine import _generator, _randint, _run
+from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
 
 
 def _head_outputs(attention: nn.Module, x: Tensor, split: str = "transpose", w_o_block: str = "columns",
@@ -79,15 +80,16 @@ def grade_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> No
 
 
 def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale: bool = True, divide: bool = True,
-                      accumulate: bool = True, scale: bool = True, last_block: bool = True) -> Tensor:
+                      accumulate: bool = True, scale: bool = True, last_block: bool = True,
+                      running_max: bool = True) -> Tensor:
     """Block-by-block attention with optional mistakes, to recognise them in a learner's answer."""
-    m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (B, h, T_q, 1)
+    m = q.new_full((*q.shape[:-1], 1), float("-inf") if running_max else 0.0)  # (B, h, T_q, 1)
     total, out = q.new_zeros((*q.shape[:-1], 1)), q.new_zeros((*q.shape[:-1], v.size(-1)))
     stop = k.size(-2) if last_block else k.size(-2) - block_size + 1
     for start in range(0, stop, block_size):
         s = q @ k[..., start : start + block_size, :].transpose(-2, -1)  # (B, h, T_q, blk)
         s = s / math.sqrt(q.size(-1)) if scale else s
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True)) if running_max else m  # without: exp of the raw scores
         p = torch.exp(s - m_new)  # (B, h, T_q, blk)
         factor = torch.exp(m - m_new) if rescale else torch.ones_like(m)
         keep = 1.0 if accumulate else 0.0
@@ -95,6 +97,58 @@ def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale:
         out = keep * out * factor + p @ v[..., start : start + block_size, :]  # (B, h, T_q, d_v)
         m = m_new
     return out / total if divide else out
+
+
+class _Watch(TorchFunctionMode):
+    """Record, during a call, the shapes of every tensor made and the keys handed to a fused attention kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+        self.fused_keys: list[int] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            key = kwargs.get("key", args[1] if len(args) > 1 else None)
+            if isinstance(key, Tensor):
+                self.fused_keys.append(key.size(-2))
+        result = func(*args, **kwargs)
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, Tensor):
+                self.shapes.append(tuple(item.shape))
+        return result
+
+
+def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
+    """Refuse an answer that holds the scores of all keys at once (e.g. one that calls full attention)."""
+    t_q, t_k, block_size = 5, 12, 4
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, t, 8, generator=g) for t in (t_q, t_k, t_k))  # v's width 8 is not 5 or 12
+    watch = _Watch()
+    try:
+        with watch:
+            fn(q=q, k=k, v=v, block_size=block_size)
+    except NotImplementedError:
+        raise
+    except Exception:  # a crash is reported, with its input, by the value checks that follow
+        return
+    again = f"\n(To run these same inputs again: grade_blockwise_attention({_name_of(fn)}, seed={seed}).)"
+    where = (f"{_name_of(fn)}, the blocks check (q: shape {tuple(q.shape)}, k and v: shape {tuple(k.shape)}, "
+             f"block_size={block_size})")
+    if any(size > block_size for size in watch.fused_keys):
+        raise ExerciseGradeError(
+            f"{where}: your function called torch.nn.functional.scaled_dot_product_attention on all {t_k} keys at "
+            f"once. Its output may be right, but the exercise is to compute attention yourself, one block of "
+            f"{block_size} keys at a time: loop over k[..., start:start + block_size, :] and fold each block into "
+            f"the running m, l and o.{again}")
+    full = [shape for shape in watch.shapes if shape[-2:] == (t_q, t_k)]
+    if full:
+        raise ExerciseGradeError(
+            f"{where}: your function made a tensor of shape {full[0]}, scores or weights of all {t_k} keys for "
+            f"each of the {t_q} queries at once, with blocks of {block_size} keys. Its output may be right, but "
+            f"the point of the exercise is never to hold more than one block of scores, (..., T_q, block_size): "
+            f"loop over k[..., start:start + block_size, :] and fold each block into the running m, l and o.{again}")
 
 
 def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
@@ -117,6 +171,8 @@ def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
         ("a single key", {**qkv(2, 2, 3, 1, 8), "block_size": 2}),
         ("large scores: the running maximum changes from block to block",
          {**qkv(1, 4, 10, 12, 8, 4.0), "block_size": 5}),
+        ("scores of several hundred, beyond float32's exp (which overflows above about 88)",
+         {**qkv(1, 2, 6, 9, 8, 12.0), "block_size": 3}),
         ("a random size", {**qkv(_randint(1, 3, g), _randint(1, 4, g), _randint(1, 8, g), t_k, 8),
                            "block_size": _randint(1, t_k, g)}),
     ]
@@ -132,7 +188,12 @@ def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
         "the last, shorter block is left out: loop `for start in range(0, T_k, block_size)` and slice "
         "k[..., start:start + block_size, :]":
             lambda q, k, v, block_size: _online_attention(q, k, v, block_size, last_block=False),
+        "the exponentials are taken of the raw scores, without subtracting the running maximum m: in float32 exp "
+        "overflows to inf above about 88, and inf / inf is NaN. Keep the largest score seen so far and use "
+        "exp(s - m_new), rescaling l and o by exp(m - m_new) when it grows":
+            lambda q, k, v, block_size: _online_attention(q, k, v, block_size, running_max=False),
     }
+    _refuse_full_scores(fn, seed)
     _run("grade_blockwise_attention", fn,
          lambda q, k, v, block_size: scaled_dot_product_attention(q, k, v)[0], cases, seed, atol=2e-5, rtol=1e-4,
          hints=hints)

@@ -197,6 +197,13 @@ def _difference(received: Any, expected: Any, atol: float, rtol: float, masks: b
             else:  # what is noticed about a later item (e.g. the weights) may explain the first (the output)
                 first[1].extend(f"In {label}: {note[0].lower()}{note[1:]}" for note in found[1])
         return first
+    if isinstance(expected, list):  # e.g. a list of tokens: compared item by item, exactly
+        if received == expected and isinstance(received, list):
+            return None
+        if not isinstance(received, list):
+            return f"expected list {expected!r}, got {_describe(received)}", _type_notes(received, expected)
+        first = next((i for i, (a, b) in enumerate(zip(received, expected)) if a != b), min(len(received), len(expected)))
+        return f"expected {expected!r}, got {received!r} (they first differ at item {first})", []
     if not isinstance(received, Tensor):
         return f"expected {_describe(expected)}, got {_describe(received)}", _type_notes(received, expected)
     if received.shape != expected.shape:
@@ -288,6 +295,7 @@ def grade_against(
     masks: bool = False,
     item_names: Sequence[str] | None = None,
     diagnose: Diagnosis | None = None,
+    explain_crash: Callable[[Mapping[str, Any], Exception], str | None] | None = None,
 ) -> None:
     """Call learner and reference on every case's keyword arguments; raise ExerciseGradeError at the first difference.
 
@@ -295,7 +303,8 @@ def grade_against(
     implementation; when the learner's answer matches one of them, the diagnosis is added to the message.
     notes gives a few words per case ("a single key"); masks=True describes wrong boolean entries as which query
     position may or may not see which key position (the last two axes); item_names names the items of a tuple
-    result; diagnose(case, received, expected) may return a sentence on the likely cause when no hint matches.
+    result; diagnose(case, received, expected) may return a sentence on the likely cause when no hint matches, and
+    explain_crash(case, error) one for an error the learner's function raised.
     The learner gets copies of the tensors, so changing one in place is caught; NotImplementedError passes through.
     """
     cases = list(cases)
@@ -315,6 +324,12 @@ def grade_against(
             if isinstance(error, TypeError) and "argument" in str(error):
                 advice = (f"\nThe check passes the arguments by name ({', '.join(case)}): keep the parameter names "
                           f"of the exercise's signature.")
+            elif explain_crash is not None:
+                try:
+                    cause = explain_crash(case, error)
+                except Exception:  # a diagnosis is a bonus: never let it hide the error itself
+                    cause = None
+                advice = f"\nLikely cause: {cause}" if cause else ""
             raise ExerciseGradeError(
                 f"{where}: your function raised {type(error).__name__}: {error}{advice}") from error
         changed = [key for key, value in case.items() if isinstance(value, Tensor)
