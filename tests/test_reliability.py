@@ -386,3 +386,40 @@ def test_encode_refuses_an_empty_source():
     model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
     with pytest.raises(ValueError, match=r"length >= 1, got shape \(2, 0\)"):
         model.encode(torch.zeros(2, 0, dtype=torch.long))
+
+
+# ---- the loss over padding only; Ctrl-C during the last save ----
+
+
+def test_the_loss_of_labels_that_are_all_padding_is_zero_not_nan():
+    logits = torch.randn(2, 3, 20, requires_grad=True)
+    loss = tl.translation_loss(logits, torch.zeros(2, 3, dtype=torch.long), pad_id=0)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))  # nothing to learn from, and no NaN in the gradient
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_loss_is_the_mean_over_the_real_tokens(smoothing):
+    logits, labels = torch.randn(3, 5, 20), torch.randint(1, 20, (3, 5))
+    labels[0, 3:] = 0
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=0,
+                                                 label_smoothing=smoothing)  # PyTorch's own mean
+    # the same sum divided by the same count, possibly in another order: float32 rounding, a few ulps
+    torch.testing.assert_close(tl.translation_loss(logits, labels, 0, smoothing), expected, rtol=1e-6, atol=0)
+
+
+def test_ctrl_c_during_the_last_save_lets_it_finish(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    real_save = torch.save
+
+    def save_then_press_ctrl_c(obj, file, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the checkpoint is being written
+        real_save(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_then_press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C at step 3; saved"):
+        train(model, copy_batches, optimizer, scheduler, max_steps=3, checkpoint_path=path, progress=False)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_checkpoint(path)["state"]["step"] == 3
