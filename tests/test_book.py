@@ -122,8 +122,8 @@ def test_exercises_are_labelled_rated_solved_and_one_is_graded_code(path):
         assert re.search(r"\*\*Difficulty:\*\* [★☆]{3} · \*\*Time:\*\* \d+", body), f"{label}: no difficulty/time"
         assert label in solved, f"exercise {label} has no solution"
     cells = notebook["cells"]
-    stubs = [i for i, c in enumerate(cells) if "raises-exception" in c.get("metadata", {}).get("tags", [])]
-    assert stubs, "no coding exercise (a stub cell tagged raises-exception)"
+    stubs = [i for i, c in enumerate(cells) if "exercise-stub" in c.get("metadata", {}).get("tags", [])]
+    assert stubs, "no coding exercise (a stub cell tagged exercise-stub)"
     code = text_of(notebook, "code")
     for i in stubs:
         stub = "".join(cells[i]["source"])
