@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -107,31 +108,55 @@ def collapse_carriage_returns(text: str) -> str:
 
 
 def merge_streams(outputs: list) -> list:
-    """Join consecutive stream outputs of the same stream, as Jupyter displays them.
+    """Join consecutive stream outputs into one, as a terminal shows them: one box on the page, not one per write.
 
     The kernel sends every write of a progress bar as an output of its own (thousands for one training run); only
-    once they are joined can the carriage returns between them be collapsed.
+    once they are joined can the carriage returns between them be collapsed. stdout and stderr are joined too
+    (tqdm writes its bars to stderr, print to stdout, so the training log would otherwise alternate between the two
+    in a dozen boxes), into stdout, and a line that a bar left open is ended before the next stream's text.
     """
-    merged = []
+    merged, last_name = [], None  # last_name: the stream that wrote the end of merged[-1]'s text
     for output in outputs:
         previous = merged[-1] if merged else None
-        if (output.get("output_type") == "stream" and previous is not None
-                and previous.get("output_type") == "stream" and previous.get("name") == output.get("name")):
-            previous["text"] = previous["text"] + output["text"]
+        if output.get("output_type") == "stream" and previous is not None and previous.get("output_type") == "stream":
+            text = previous["text"]
+            if last_name != output.get("name") and text and not text.endswith("\n"):
+                text += "\n"  # a bar that stopped mid-line (its next update would have started with \r)
+            previous["text"] = text + output["text"]
+            if previous.get("name") != output.get("name"):
+                previous["name"] = "stdout"
         else:
-            merged.append(output)
+            merged.append(dict(output))
+        last_name = output.get("name")
     return merged
 
 
+_FINISHED_BAR = re.compile(r"^(?P<bar>.*?100%\|[^|]*\|\s*(?P<n>\d[\d,]*)/(?P=n)) ")
+
+
+def drop_repeated_bars(text: str) -> str:
+    """Keep the first finished line of a progress bar: tqdm prints the 100% bar again when it is closed."""
+    seen, kept = set(), []
+    for line in text.split("\n"):
+        match = _FINISHED_BAR.match(line)
+        if match and match["bar"] in seen:
+            continue
+        if match:
+            seen.add(match["bar"])
+        kept.append(line)
+    return "\n".join(kept)
+
+
 def tidy_outputs(notebook) -> None:
-    """Join each cell's consecutive stream outputs and collapse carriage-return updates (tqdm), in place."""
+    """Join each cell's consecutive stream outputs, collapse carriage-return updates (tqdm) and drop the repeated
+    finished bar, in place."""
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
         cell["outputs"] = merge_streams(cell.get("outputs", []))
         for output in cell["outputs"]:
-            if output.get("output_type") == "stream" and "\r" in output.get("text", ""):
-                output["text"] = collapse_carriage_returns(output["text"])
+            if output.get("output_type") == "stream":
+                output["text"] = drop_repeated_bars(collapse_carriage_returns(output["text"]))
 
 
 def set_provenance(notebook, note: str) -> None:
