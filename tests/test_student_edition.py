@@ -442,6 +442,10 @@ def test_the_student_edition_of_the_book_builds_and_holds_no_solution(tmp_path):
         if EXERCISE_LABELS.findall(markdown_of(nb)):
             assert "exercise" in page.read_text(encoding="utf-8")
     assert "student edition" in (out / "book" / "_build" / "html" / "intro.html").read_text(encoding="utf-8")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_links import pages_with_machine_paths_or_tracebacks
+
+    assert not pages_with_machine_paths_or_tracebacks(out / "book" / "_build" / "html")
 
 
 # ----------------------------------------------------------------------------------------------------------------
