@@ -122,8 +122,8 @@ def test_exercises_are_labelled_rated_solved_and_one_is_graded_code(path):
         assert re.search(r"\*\*Difficulty:\*\* [★☆]{3} · \*\*Time:\*\* \d+", body), f"{label}: no difficulty/time"
         assert label in solved, f"exercise {label} has no solution"
     cells = notebook["cells"]
-    stubs = [i for i, c in enumerate(cells) if "raises-exception" in c.get("metadata", {}).get("tags", [])]
-    assert stubs, "no coding exercise (a stub cell tagged raises-exception)"
+    stubs = [i for i, c in enumerate(cells) if "exercise-stub" in c.get("metadata", {}).get("tags", [])]
+    assert stubs, "no coding exercise (a stub cell tagged exercise-stub)"
     code = text_of(notebook, "code")
     for i in stubs:
         stub = "".join(cells[i]["source"])
@@ -137,3 +137,14 @@ def test_exercises_are_labelled_rated_solved_and_one_is_graded_code(path):
         solutions = [c for c in cells[i + 1 :] if "solution" in c.get("metadata", {}).get("tags", [])]
         assert solutions and graders_called("".join(solutions[0]["source"])) == called, (
             f"cell {i}: the solution does not call the stub's check {called}")
+
+
+def test_the_landing_page_quotes_chapter_8s_stored_scores():
+    """The scores the landing page promises are the ones chapter 8's recorded run printed (intro.md)."""
+    intro = (BOOK / "intro.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"\*\*(BLEU|chrF) (\d+\.\d\d)\*\*", intro)
+    assert {name for name, _ in quoted} == {"BLEU", "chrF"}, "intro.md should quote the translator's BLEU and chrF"
+    outputs = "".join("".join(o.get("text", "")) for c in load(BOOK / "08_translation.ipynb")["cells"]
+                      if c["cell_type"] == "code" for o in c.get("outputs", []))
+    line = re.search(r"^beam 4 : BLEU (\d+\.\d\d)\s+chrF (\d+\.\d\d)", outputs, re.M)
+    assert line and dict(quoted) == {"BLEU": line[1], "chrF": line[2]}, (quoted, line and line.group(0))

@@ -1,15 +1,19 @@
 """Open the built book in headless Chromium, as a reader would, and check every page (run after the build).
 
-Skipped, with the reason, where Chromium or the built book is missing; .ci/run installs Debian's chromium, builds the
-book, then runs this file. Where neither MathJax's CDN nor a local MathJax (TRANSFORMER_BOOK_MATHJAX) can be had, a
-page with maths fails at once with that reason instead of waiting for maths that never typesets. Screenshots of every page land in book/_build/screenshots for review.
+Skipped, with the reason and the fix, where Chromium or the built book is missing, and where no MathJax can be had:
+neither a local one (TRANSFORMER_BOOK_MATHJAX, or one fetched once with npm into book/_build/mathjax) nor MathJax's
+CDN. Every page is also checked for its layout at a desktop (1280 px) and a phone (390 px) width: the page never
+scrolls sideways, and whatever is wider than the column (code, printed output, equations, tables) scrolls inside
+its own box. Screenshots of every page land in book/_build/screenshots for review.
 """
 
 import functools
 import mimetypes
 import os
 import shutil
+import subprocess
 import sys
+import tarfile
 import urllib.request
 from pathlib import Path
 
@@ -20,23 +24,46 @@ ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "book" / "_build" / "html"
 SHOTS = ROOT / "book" / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-# A folder holding MathJax 3 (its es5/ bundle, e.g. from `npm pack mathjax@3`): served in place of the CDN copy the
-# pages load, so that the maths can be checked on a machine without internet. Without it the CDN is used.
-MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
 CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
+FETCHED = ROOT / "book" / "_build" / "mathjax"  # where npm's MathJax is unpacked once, beside the build
+MATHJAX_FIX = ("export TRANSFORMER_BOOK_MATHJAX=$(mkdir -p /tmp/mj && cd /tmp/mj && npm pack --silent mathjax@3 && "
+               "tar xzf mathjax-*.tgz && pwd)/package")
+
+
+@functools.cache
+def local_mathjax() -> str | None:
+    """A folder holding MathJax 3 (its es5/ bundle), served in place of the CDN copy the pages load, so that the maths
+    can be checked without internet: TRANSFORMER_BOOK_MATHJAX, else a copy fetched earlier or now with npm (a package
+    registry is reachable where the CDN may not be), else None."""
+    if os.environ.get("TRANSFORMER_BOOK_MATHJAX"):
+        return os.environ["TRANSFORMER_BOOK_MATHJAX"]
+    package = FETCHED / "package"
+    if not (package / "es5" / "tex-mml-chtml.js").is_file() and shutil.which("npm") and HTML.is_dir():
+        FETCHED.mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(["npm", "pack", "--silent", "mathjax@3"], cwd=FETCHED, check=True, timeout=180,
+                           capture_output=True)
+            with tarfile.open(next(FETCHED.glob("mathjax-*.tgz"))) as archive:
+                if hasattr(tarfile, "data_filter"):  # Python 3.10.12 and later: refuse links and absolute paths
+                    archive.extractall(FETCHED, filter="data")
+                else:
+                    archive.extractall(FETCHED)  # noqa: S202 (npm's own tarball of mathjax)
+        except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError):
+            return None
+    return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
 
 
 @functools.cache
 def mathjax_missing() -> str | None:
-    """Why the maths cannot be checked here, or None: a local MathJax is given, or MathJax's CDN answers."""
-    if MATHJAX:
+    """Why the maths cannot be checked here, with the one-line fix, or None."""
+    if local_mathjax():
         return None
     try:
         urllib.request.urlopen(urllib.request.Request(CDN + "es5/tex-mml-chtml.js", method="HEAD"), timeout=5)
         return None
     except OSError:
-        return (f"MathJax's CDN ({CDN}) cannot be reached from here and TRANSFORMER_BOOK_MATHJAX is not set: point "
-                "it at a local MathJax 3 package (.ci/run shows how, with `npm pack mathjax@3`)")
+        return (f"no MathJax: its CDN ({CDN}) cannot be reached from here, TRANSFORMER_BOOK_MATHJAX is not set and "
+                f"npm could not fetch it. Fix: {MATHJAX_FIX}")
 
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -67,11 +94,15 @@ def browser():
 
 
 def serve_mathjax(route):
-    path = Path(MATHJAX) / route.request.url[len(CDN) :].split("?")[0]
+    path = Path(local_mathjax()) / route.request.url[len(CDN) :].split("?")[0]
     if path.is_file():
         route.fulfill(path=str(path), content_type=mimetypes.guess_type(path.name)[0] or "application/javascript")
     else:
         route.abort()
+
+
+def page_has_maths(name: str) -> bool:
+    return 'class="math' in (HTML / f"{name}.html").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", pages())
@@ -79,7 +110,9 @@ def test_page_as_a_reader_sees_it(browser, name):
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    if MATHJAX:
+    if page_has_maths(name) and mathjax_missing():
+        pytest.skip(mathjax_missing())
+    if local_mathjax():
         page.route("http*://**", lambda route: route.abort())  # no internet here: fail fast, never hang
         page.route(CDN + "**", serve_mathjax)  # registered last, so it is tried first
     response = page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
@@ -87,8 +120,6 @@ def test_page_as_a_reader_sees_it(browser, name):
     assert "Transformer, Piece by Piece" in page.title()
 
     if page.locator(".math").count():
-        if mathjax_missing():
-            pytest.fail(mathjax_missing())
         page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
         assert page.locator("mjx-merror").count() == 0, "MathJax could not typeset some maths"
         assert page.locator("mjx-container").count() >= page.locator("span.math, div.math").count()
@@ -126,3 +157,54 @@ def test_page_as_a_reader_sees_it(browser, name):
     errors = [e for e in errors if "'THEBE_JS_URL' has already been declared" not in e]
     assert not errors, f"JavaScript errors: {errors}"
     page.close()
+
+
+# What is wider than its box, in the article: the first box that can scroll it sideways must hold it, lie inside the
+# article, and reach its right end (a table's last column, a code line's end) by scrolling.
+LAYOUT_JS = """() => {
+  const problems = [];
+  const doc = document.documentElement;
+  if (doc.scrollWidth > window.innerWidth + 1) {
+    problems.push(`the page scrolls sideways: ${doc.scrollWidth} px of content in a ${window.innerWidth} px window`);
+  }
+  const article = document.querySelector('article.bd-article') || document.querySelector('.bd-article');
+  if (!article) return problems;
+  const edge = article.getBoundingClientRect().right + 1;
+  const wide = article.querySelectorAll('pre, div.math, mjx-container[display="true"], table');
+  for (const el of wide) {
+    if (el.offsetParent === null) continue;  // hidden, e.g. inside a closed solution
+    const rect = el.getBoundingClientRect();
+    const overflowing = el.scrollWidth > el.clientWidth + 1 || rect.right > edge;
+    if (!overflowing) continue;
+    let box = el;
+    while (box && box !== article && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) {
+      box = box.parentElement;
+    }
+    const what = `${el.tagName.toLowerCase()}.${el.className || ''}`.slice(0, 60) + ` "${(el.textContent || '').trim().slice(0, 40)}"`;
+    if (!box || box === article) { problems.push(`${what} is cut off: no box scrolls it`); continue; }
+    const boxRect = box.getBoundingClientRect();
+    if (boxRect.right > edge) problems.push(`${what}: its scrolling box runs past the article (${boxRect.right} > ${edge})`);
+    if (box.scrollWidth + 1 < el.scrollWidth) problems.push(`${what}: its end cannot be scrolled to`);
+  }
+  return problems;
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("name", pages())
+def test_layout_fits_at_desktop_and_phone_width(browser, name, width):
+    if page_has_maths(name) and mathjax_missing():
+        pytest.skip(mathjax_missing())
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    if local_mathjax():
+        page.route("http*://**", lambda route: route.abort())
+        page.route(CDN + "**", serve_mathjax)
+    page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
+    if page.locator(".math").count():  # display equations have their width once MathJax has typeset them
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
+    problems = page.evaluate(LAYOUT_JS)
+    if width != 1280:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{name}-{width}px.png"))
+    page.close()
+    assert not problems, f"{name} at {width} px:\n" + "\n".join(problems[:20])

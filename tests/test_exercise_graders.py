@@ -1,6 +1,6 @@
 """The exercise graders of transformer_lib.grading: each passes correct answers (on many seeds), rejects the
-usual wrong answers with a message that names the cause, lets a stub's NotImplementedError through and explains
-a crash. The wrong answers (mutants) are written here, independently of the hints inside transformer_lib/grading/."""
+usual wrong answers with a message that names the cause, says in one line that an untouched stub (one that raises
+NotImplementedError) is not attempted yet, without raising, and explains a crash. The wrong answers (mutants) are written here, independently of the hints inside transformer_lib/grading/."""
 
 import json
 import math
@@ -614,12 +614,20 @@ def test_wrong_answers_are_rejected_with_the_likely_cause(check_name, what, muta
 
 
 @pytest.mark.parametrize("check_name", named_graders())
-def test_a_stub_propagates_not_implemented_error(check_name):
-    def stub(*args, **kwargs):
+def test_an_untouched_stub_prints_one_line_and_does_not_raise(check_name, capsys):
+    def my_answer(*args, **kwargs):
         raise NotImplementedError("Exercise: write it")
 
-    with pytest.raises(NotImplementedError, match="Exercise: write it"):
-        getattr(grading, check_name)(stub)
+    getattr(grading, check_name)(my_answer)  # Run all goes on past an unsolved exercise
+    assert capsys.readouterr().out == (f"Exercise not attempted yet: write my_answer above, then run this cell "
+                                       f"again ({check_name} checks it).\n")
+
+
+@pytest.mark.parametrize("check_name", named_graders())
+def test_a_wrong_answer_still_raises(check_name):
+    wrong = MUTANTS[check_name][0][1]  # the stub prints; an answer that runs and is wrong still fails
+    with pytest.raises(ExerciseGradeError):
+        getattr(grading, check_name)(wrong)
 
 
 @pytest.mark.parametrize("check_name", named_graders())
@@ -683,7 +691,7 @@ def test_each_exercise_calls_its_named_check_in_stub_and_solution(label):
     else:
         pytest.fail(f"no notebook has the exercise {label}")
     after = cells[starts[0] + 1 :]
-    stub = next(c for c in after if "raises-exception" in c.get("metadata", {}).get("tags", []))
+    stub = next(c for c in after if "exercise-stub" in c.get("metadata", {}).get("tags", []))
     solution = next(c for c in after if c["cell_type"] == "code" and "solution" in c["metadata"].get("tags", []))
     for cell in (stub, solution):
         assert re.search(rf"\b{check_name}\(my_\w+\)", "".join(cell["source"])), (path.name, label, cell["id"])

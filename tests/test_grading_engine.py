@@ -29,12 +29,24 @@ def test_wrong_values_get_the_diagnosis_of_the_matching_mistake():
         grade_against(lambda x: x.softmax(0), reference, CASES, name="softmax", hints=hints)
 
 
-def test_the_stub_error_passes_through_and_crashes_are_explained():
+def test_an_untouched_stub_prints_one_line_and_crashes_are_explained(capsys):
     def stub(x):
         raise NotImplementedError("write it")
 
-    with pytest.raises(NotImplementedError):
-        grade_against(stub, reference, CASES, name="softmax")
+    grade_against(stub, reference, CASES, name="my_softmax", check="grade_softmax")  # no error: Run all goes on
+    assert capsys.readouterr().out == ("Exercise not attempted yet: write my_softmax above, then run this cell again "
+                                       "(grade_softmax checks it).\n")
+    with pytest.raises(ExerciseGradeError, match="values differ"):  # a wrong answer still raises
+        grade_against(lambda x: x.softmax(0), reference, CASES, name="softmax")
+
+
+def test_strict_grading_counts_an_untouched_stub_as_failed(monkeypatch):  # what an autograder needs
+    def stub(x):
+        raise NotImplementedError("write it")
+
+    monkeypatch.setenv("TRANSFORMER_LIB_STRICT_GRADING", "1")
+    with pytest.raises(ExerciseGradeError, match=r"^Exercise not attempted yet: write my_softmax above"):
+        grade_against(stub, reference, CASES, name="my_softmax")
     with pytest.raises(ExerciseGradeError, match="your function raised ZeroDivisionError"):
         grade_against(lambda x: 1 / 0, reference, CASES, name="softmax")
 

@@ -116,8 +116,24 @@ def test_a_progress_bar_sent_in_many_outputs_is_stored_as_one_line():
                      nbformat.v4.new_output("stream", name="stdout", text="done\n")]
     notebook = nbformat.v4.new_notebook(cells=[cell])
     heavy.tidy_outputs(notebook)
+    assert [(o["name"], o["text"]) for o in notebook.cells[0].outputs] == [("stdout", "start\ntraining: 100%\ndone\n")]
+
+
+def test_a_training_log_is_one_box_with_each_line_on_its_own_and_one_finished_bar():
+    import nbformat
+
+    bar = "training: {}%|##| {}/4 [00:0{}<00:00]"
+    cell = nbformat.v4.new_code_cell("train()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="\r" + bar.format(50, 2, 1)),
+                    nbformat.v4.new_output("stream", name="stdout", text="epoch 1\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\r" + bar.format(100, 4, 2)),
+                    nbformat.v4.new_output("stream", name="stdout", text="epoch 2\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\r" + bar.format(100, 4, 3) + "\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="done\n")]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    heavy.tidy_outputs(notebook)
     assert [(o["name"], o["text"]) for o in notebook.cells[0].outputs] == [
-        ("stdout", "start\n"), ("stderr", "training: 100%\n"), ("stdout", "done\n")]
+        ("stdout", f"{bar.format(50, 2, 1)}\nepoch 1\n{bar.format(100, 4, 2)}\nepoch 2\ndone\n")]
 
 
 def test_carriage_returns_collapse_like_a_terminal():

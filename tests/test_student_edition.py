@@ -180,7 +180,7 @@ def test_outputs_of_a_notebook_the_build_does_not_execute_are_kept_except_where_
 
 def test_a_later_cell_that_needs_a_removed_solution_is_named():
     nb = notebook(
-        code("def f(x):\n    raise NotImplementedError", tags=["raises-exception"]),
+        code("def f(x):\n    raise NotImplementedError", tags=["exercise-stub"]),
         code("table = build()\ndef f(x):\n    return x", tags=["solution"]),
         code("print(f(2))"),
         code("print(table)"),
@@ -226,7 +226,7 @@ def make_repo(root: Path) -> Path:
         md("# A\n\nText."),
         code("x = 1\nprint(x)", outputs=[output], count=1),
         md(EXERCISE),
-        code("def f():\n    raise NotImplementedError\nf()", tags=["raises-exception"]),
+        code("def f():\n    raise NotImplementedError\nf()", tags=["exercise-stub"]),
         code("def f():\n    return 1", tags=["solution"]),
     )
     (book / "01_a.ipynb").write_text(json.dumps(nb), encoding="utf-8")
@@ -370,7 +370,7 @@ def markdown_of(nb: dict) -> str:
 
 
 def stub_count(nb: dict) -> int:
-    return sum("raises-exception" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+    return sum("exercise-stub" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
 
 
 def test_the_student_edition_of_the_book_builds_and_holds_no_solution(tmp_path):
@@ -442,6 +442,10 @@ def test_the_student_edition_of_the_book_builds_and_holds_no_solution(tmp_path):
         if EXERCISE_LABELS.findall(markdown_of(nb)):
             assert "exercise" in page.read_text(encoding="utf-8")
     assert "student edition" in (out / "book" / "_build" / "html" / "intro.html").read_text(encoding="utf-8")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_links import pages_with_machine_paths_or_tracebacks
+
+    assert not pages_with_machine_paths_or_tracebacks(out / "book" / "_build" / "html")
 
 
 # ----------------------------------------------------------------------------------------------------------------

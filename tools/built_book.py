@@ -5,13 +5,14 @@ again (CONTRIBUTING.md, 'Running the tests and building the book').
 
 `jupyter-book build book` executes every notebook that `book/_config.yml` does not exclude and keeps the executed
 copies in `book/_build/jupyter_execute/`. With `nb_execution_raise_on_error: true` a build that finishes has run
-each of them top to bottom without an error outside the cells tagged `raises-exception`, which is all that nbval
+each of them top to bottom without an error in any cell (no cell of the book may raise, not even an exercise stub:
+CONTRIBUTING.md, 'Exercises and the student edition'), which is all that nbval
 (`--nbval-lax`, no cell marked for output comparison) checks. When the environment variable
 `TRANSFORMER_BOOK_BUILT` names a build folder, `conftest.py` leaves out of the test run the nbval items of every
 notebook whose executed copy there is proven current by `reusable()`:
 
 - the copy exists and holds the same code cells, in the same order, as the notebook;
-- every code cell with code was executed, and no cell outside those tagged `raises-exception` holds an error;
+- every code cell with code was executed, and no cell holds an error;
 - the copy is newer than the notebook, than every file of `transformer_lib/` and than `book/_config.yml`.
 
 A notebook that fails any of these is executed by nbval as usual; the report header of the test run names each
@@ -65,8 +66,7 @@ def why_not_reusable(notebook: Path, build: Path, root: Path = ROOT) -> str | No
     for index, cell in enumerate(theirs, start=1):
         if _source(cell).strip() and cell.get("execution_count") is None:
             return f"code cell {index} of the executed copy was not executed"
-        tags = cell.get("metadata", {}).get("tags", [])
-        if "raises-exception" not in tags and any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
             return f"code cell {index} of the executed copy holds an error"
     return None
 

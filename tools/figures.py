@@ -131,6 +131,55 @@ def cell(ax, x: float, y: float, w: float, h: float, color: str, label: str = ""
 SHARED = (figure, canvas, box, arrow, text, cell)  # their source is part of every figure's hash
 
 
+# ---- the landing page ----
+@figure("roadmap.svg")
+def roadmap() -> plt.Figure:
+    """The chapters against what they build: Part I's pieces of the model, Part II's training, translator and maps."""
+    fig, ax = canvas(10.0, 4.9)
+    w, h, gap = 1.42, 0.98, 0.18
+    text(ax, 0.3, 4.55, "Part I — the pieces of the model (transformer_lib)", weight="bold", size=10.5, ha="left",
+         color=BLUE)
+    part_one = [
+        ("1", "text → tensors", "BPE tokens, ids,\npadding, embeddings", ORANGE),
+        ("2", "positions", "sinusoidal\nencodings", ORANGE),
+        ("3", "attention", "softmax(QKᵀ/√d_k) V", BLUE),
+        ("4", "masks", "padding and\ncausal masks", BLUE),
+        ("5", "multi-head", "h heads in parallel,\nthen one projection", BLUE),
+        ("6", "the model", "encoder–decoder,\n= nn.Transformer", PURPLE),
+    ]
+    y1 = 3.25
+    for i, (number, title, what, color) in enumerate(part_one):
+        x = 0.3 + i * (w + gap)
+        box(ax, x, y1, w, h, "", color=color)
+        text(ax, x + w / 2, y1 + h - 0.22, f"{number}  {title}", size=9, weight="bold")
+        text(ax, x + w / 2, y1 + 0.33, what, size=7.8, color=INK)
+        if i:
+            arrow(ax, (x - gap + 0.01, y1 + h / 2), (x - 0.01, y1 + h / 2))
+    text(ax, 0.3, 2.72, "Part II — training it and looking inside", weight="bold", size=10.5, ha="left", color=RED)
+    part_two = [
+        ("7", "training on a toy task", "teacher forcing, label smoothing,\nwarm-up, greedy decoding (CPU, 1 min)",
+         GREEN),
+        ("8", "a German→English translator", "Multi30k, beam search, KV cache;\ntest BLEU 34.5 on a 2-core CPU",
+         RED),
+        ("9", "attention heatmaps", "what the trained heads look at:\nalignments, every head, ablation", RED),
+    ]
+    w2, y2 = 2.95, 1.45
+    for i, (number, title, what, color) in enumerate(part_two):
+        x = 0.3 + i * (w2 + 0.22)
+        box(ax, x, y2, w2, h, "", color=color)
+        text(ax, x + w2 / 2, y2 + h - 0.22, f"{number}  {title}", size=9, weight="bold")
+        text(ax, x + w2 / 2, y2 + 0.33, what, size=7.8)
+        if i:
+            arrow(ax, (x - 0.21, y2 + h / 2), (x - 0.01, y2 + h / 2))
+    end_of_six = 0.3 + 5 * (w + gap) + w / 2
+    arrow(ax, (end_of_six, y1 - 0.02), (0.3 + w2 - 0.4, y2 + h + 0.02), rad=-0.1, color=PURPLE, lw=1.5)
+    text(ax, 9.6, 2.55, "chapter 6's model is the one\nthat Part II trains", size=8, color=PURPLE, ha="right")
+    text(ax, 0.3, 0.95, "Appendices", weight="bold", size=9.5, ha="left", color=MUTED)
+    text(ax, 0.3, 0.55, "common bugs and the tests that catch them · performance, measured · scaling out with "
+         "torchrun · opus_books, BPE vs words · PyTorch Lightning", size=8, ha="left", color=MUTED)
+    return fig
+
+
 # ---- chapter 1 ----
 @figure("text_to_tensors.svg", deps=(tl.pad_batch, tl.TokenEmbedding))
 def text_to_tensors() -> plt.Figure:

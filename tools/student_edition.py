@@ -14,7 +14,8 @@
      between, markdown and code; the text before the start marker and after the end marker stays);
    - replaces each nbgrader region (`### BEGIN SOLUTION` ... `### END SOLUTION`) of a code cell by
      `raise NotImplementedError("Exercise: write your solution here")`, indented like the markers, and tags the
-     cell `raises-exception` so that the book still builds;
+     cell `raises-exception` so that the book still builds (an instructor's own regions may stub top-level code,
+     which no grader catches; the book's exercise stubs, tagged `exercise-stub`, never raise);
    - clears every output and execution count, except in the notebooks that the build does not execute
      (execute.exclude_patterns: chapters 8 and 9, whose stored outputs come from their latest recorded full run; see
      CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9'); there only the outputs of removed cells and of stubbed
@@ -54,7 +55,8 @@ import colab  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 SOLUTION_TAG = "solution"
-STUB_TAG = "raises-exception"
+STUB_TAG = "exercise-stub"  # the book's exercise stubs: they print "not attempted yet" and raise nothing
+NBGRADER_TAG = "raises-exception"  # a cell whose nbgrader region became a raising stub
 NBGRADER_STUB = 'raise NotImplementedError("Exercise: write your solution here")'
 
 # A directive's opening line: a fence of 3+ colons or backticks, then {name}. MyST closes it at the first later
@@ -223,8 +225,8 @@ def strip_notebook(notebook: dict, name: str = "notebook", clear_outputs: bool =
                 removed.nbgrader_regions += regions
                 _set_source(cell, text)
                 tags = cell.setdefault("metadata", {}).setdefault("tags", [])
-                if STUB_TAG not in tags:
-                    tags.append(STUB_TAG)
+                if NBGRADER_TAG not in tags:
+                    tags.append(NBGRADER_TAG)
             if clear_outputs or regions:
                 if cell.get("outputs") or cell.get("execution_count") is not None:
                     removed.outputs_cleared += 1
@@ -307,8 +309,9 @@ def missing_definitions(original: dict, kept: list[int], name: str) -> list[str]
     """Kept cells (by original index) that need what only a removed cell defined.
 
     Two cases: a name that, before the cell, only a removed cell (a solution) defined; and a name whose last
-    definition left before the cell is an exercise stub (a cell tagged raises-exception), which a removed solution
-    cell redefined in the full edition. The first fails with a NameError, the second with NotImplementedError.
+    definition left before the cell is an exercise stub (a cell tagged exercise-stub or raises-exception), which a
+    removed solution cell redefined in the full edition. The first fails with a NameError, the second with
+    NotImplementedError.
     """
     kept_indices = set(kept)
     defined_by_kept: set[str] = set(dir(builtins)) | {"display", "get_ipython"}
@@ -329,7 +332,7 @@ def missing_definitions(original: dict, kept: list[int], name: str) -> list[str]
                 if each in stubbed:
                     replaced.setdefault(each, index)
             continue
-        if STUB_TAG in _tags(cell):
+        if {STUB_TAG, NBGRADER_TAG} & set(_tags(cell)):
             stubbed.update(dict.fromkeys(defined, index))
             for each in defined:
                 replaced.pop(each, None)

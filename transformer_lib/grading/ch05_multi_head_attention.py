@@ -129,8 +129,8 @@ def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
     try:
         with watch:
             fn(q=q, k=k, v=v, block_size=block_size)
-    except NotImplementedError:
-        raise
+    except NotImplementedError:  # the untouched stub: the value checks that follow say so in one line
+        return
     except Exception:  # a crash is reported, with its input, by the value checks that follow
         return
     again = f"\n(To run these same inputs again: grade_blockwise_attention({_name_of(fn)}, seed={seed}).)"

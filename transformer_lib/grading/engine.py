@@ -22,6 +22,21 @@ class ExerciseGradeError(AssertionError):
     """Raised by a check when the learner's answer differs from the reference."""
 
 
+def not_attempted(name: str, check: str | None = None) -> None:
+    """Say in one line that the exercise's stub is still untouched (its function raised NotImplementedError).
+
+    An unsolved exercise is not an error: *Run all* goes on past it
+    (CONTRIBUTING.md, 'Exercises and the student edition'). Every other failure of the learner's function still raises ExerciseGradeError. Where an unanswered
+    exercise must count as failed (an autograder such as nbgrader), set the environment variable
+    TRANSFORMER_LIB_STRICT_GRADING=1: the same words are then raised as an ExerciseGradeError.
+    """
+    by = f" ({check} checks it)" if check else ""
+    message = f"Exercise not attempted yet: write {name} above, then run this cell again{by}."
+    if os.environ.get("TRANSFORMER_LIB_STRICT_GRADING", "").strip().lower() in {"1", "true", "yes"}:
+        raise ExerciseGradeError(message)
+    print(message)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The engine: compare a learner's function with a reference on given inputs and describe the first difference.
 # ----------------------------------------------------------------------------------------------------------------
@@ -296,6 +311,7 @@ def grade_against(
     item_names: Sequence[str] | None = None,
     diagnose: Diagnosis | None = None,
     explain_crash: Callable[[Mapping[str, Any], Exception], str | None] | None = None,
+    check: str | None = None,
 ) -> None:
     """Call learner and reference on every case's keyword arguments; raise ExerciseGradeError at the first difference.
 
@@ -305,7 +321,9 @@ def grade_against(
     position may or may not see which key position (the last two axes); item_names names the items of a tuple
     result; diagnose(case, received, expected) may return a sentence on the likely cause when no hint matches, and
     explain_crash(case, error) one for an error the learner's function raised.
-    The learner gets copies of the tensors, so changing one in place is caught; NotImplementedError passes through.
+    The learner gets copies of the tensors, so changing one in place is caught. A learner that raises
+    NotImplementedError is the exercise's untouched stub: one line says so (naming check, the grader, when given)
+    and the call returns without raising, so that a notebook's *Run all* goes on; any other error still raises.
     """
     cases = list(cases)
     notes = list(notes) if notes is not None else [""] * len(cases)
@@ -317,8 +335,9 @@ def grade_against(
         given = {key: value.clone() if isinstance(value, Tensor) else value for key, value in case.items()}
         try:
             received = learner(**given)
-        except NotImplementedError:
-            raise
+        except NotImplementedError:  # the stub as the book gives it: not a wrong answer, not yet an answer
+            not_attempted(name, check)
+            return
         except Exception as error:  # the learner's code crashed: say where, keep the original error
             advice = ""
             if isinstance(error, TypeError) and "argument" in str(error):
@@ -388,7 +407,8 @@ def _run(check: str, fn: Callable[..., Any], reference: Callable[..., Any], case
     """Run grade_against on (note, case) pairs; a failure says how to repeat the same inputs."""
     name = _name_of(fn)
     try:
-        grade_against(fn, reference, [case for _, case in cases], name, notes=[note for note, _ in cases], **options)
+        grade_against(fn, reference, [case for _, case in cases], name, notes=[note for note, _ in cases],
+                      check=check, **options)
     except ExerciseGradeError as error:
         raise ExerciseGradeError(
             f"{error}\n(To run these same inputs again: {check}({name}, seed={seed}).)"
