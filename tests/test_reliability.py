@@ -111,7 +111,8 @@ def test_sigkill_at_random_moments_of_saving_every_step_always_leaves_a_run_that
         process.stdout.close()
         checkpoint = load_checkpoint(folder / "checkpoint.pt")  # never half a file
         assert checkpoint["state"]["step"] >= steps[-1]
-        assert {p.name for p in folder.iterdir()} <= {"checkpoint.pt", "checkpoint.pt.tmp"}
+        left = {p.name for p in folder.iterdir()} - {"checkpoint.pt"}
+        assert all(name.startswith(".checkpoint.pt.") and name.endswith(".tmp") for name in left), left
     assert steps == sorted(steps) and steps[-1] > 0  # each run resumed where the last one was killed
 
 
@@ -127,6 +128,62 @@ def test_write_json_replaces_atomically(tmp_path):
     runs.write_json(path, [(1, 0.5), (2, float("nan"))])
     assert json.loads(path.read_text(encoding="utf-8")) == [[1, 0.5], [2, None]]
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
+
+
+def test_a_link_planted_at_the_old_temporary_name_is_never_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    (tmp_path / "history.json.tmp").symlink_to(victim)  # the fixed name atomic writes used to open, following links
+    runs.write_json(tmp_path / "history.json", [1])
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert (tmp_path / "history.json.tmp").is_symlink()  # not renamed away either
+    assert json.loads((tmp_path / "history.json").read_text(encoding="utf-8")) == [1]
+
+
+def test_a_users_own_tmp_file_is_never_touched(tmp_path):
+    (tmp_path / "hyp.en.tmp").write_text("my notes", encoding="utf-8")
+    runs.atomic_write_text(tmp_path / "hyp.en", "a translation\n")
+    assert (tmp_path / "hyp.en.tmp").read_text(encoding="utf-8") == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.en", "hyp.en.tmp"]
+
+
+def test_the_temporary_file_is_created_exclusively_even_when_its_name_was_guessed(tmp_path, monkeypatch):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    names = iter(["guessed", "fresh"])
+    monkeypatch.setattr(runs.secrets, "token_hex", lambda n: next(names))
+    (tmp_path / ".out.txt.guessed.tmp").symlink_to(victim)  # an attacker who guessed the first name
+    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "new"
+    assert (tmp_path / ".out.txt.guessed.tmp").is_symlink()
+
+
+def test_the_written_file_has_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0o600
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
+def test_a_target_that_is_a_link_or_not_a_regular_file_is_refused_not_replaced(tmp_path, kind):
+    target, victim = tmp_path / "out.txt", tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    if kind == "link":
+        target.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    message = {"link": "is a symbolic link", "fifo": "is a FIFO, not a regular file",
+               "folder": "is a folder, not a regular file"}[kind]
+    with pytest.raises(ValueError, match=message) as error:
+        runs.atomic_write_text(target, "new")
+    assert "\n" not in str(error.value) and str(target) in str(error.value)
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert target.is_symlink() if kind == "link" else not target.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "victim.txt"]  # no temporary file left
 
 
 # ---- checkpoints are data ----

@@ -1,8 +1,9 @@
 """Safe run folders, settings and checkpoints (hand-written: plumbing the chapters call in one line each).
 
-- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target, flushed to disk (fsync)
-  and renamed over it with os.replace, so that a crash or Ctrl-C leaves either the old file or the new one,
-  never half of one.
+- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target under a new random name
+  (created exclusively, never through a link), flushed to disk (fsync) and renamed over it with os.replace, so that
+  a crash or Ctrl-C leaves either the old file or the new one, never half of one. A target that is a link or not a
+  regular file is refused (`check_replaceable`): nothing is written through a link this module did not create.
 - `merge_settings`, `validate_settings`: a run's settings checked in one place; an unknown key is refused with the
   closest valid name, a bad value with the key, the value and what is allowed.
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it.
@@ -18,7 +19,9 @@ import json
 import math
 import os
 import pickle
+import secrets
 import signal
+import stat
 import threading
 import warnings
 import zipfile
@@ -44,15 +47,58 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def check_replaceable(path: str | Path, what: str = "file") -> Path:
+    """Refuse a target that an atomic write would wrongly replace: a symbolic link, or anything but a regular file.
+
+    A rename replaces a link by a regular file (a link to /dev/stdout would stop being one) and a FIFO by a file no
+    reader waits on; writing through the link instead would write where the link's owner chose. So neither is done.
+    """
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode  # lstat: the link itself, not what it points to
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"{what} {str(path)!r} is a symbolic link (to {os.readlink(path)!r}); it is never written "
+                         f"through or replaced: give the path of a regular file, or remove the link")
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "special")
+        raise ValueError(f"{what} {str(path)!r} is {kind}, not a regular file; expected a regular file or a new name")
+    return path
+
+
+# O_EXCL creates the file or fails, and never follows a link (even a dangling one) at that name; O_NOFOLLOW too.
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty file beside path with an unguessable name (.NAME.RANDOM.tmp), created by this call alone."""
+    for _ in range(100):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temporary, _EXCLUSIVE, 0o666), temporary  # 0o666 less the umask, as open() would
+        except FileExistsError:
+            continue  # taken (by chance, or planted): draw another name
+    raise FileExistsError(f"could not create a temporary file beside {path}: 100 random names were taken")
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open path.tmp for writing; on success flush, fsync and os.replace it onto path; on failure remove it."""
+    """Write a new temporary file beside path; on success flush, fsync and os.replace it onto path; else remove it.
+
+    The temporary file is created exclusively under a random name, so no link planted in the folder is followed and
+    no file of the user's (such as path.tmp) is touched. A path that is a link or not a regular file is refused.
+    """
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")  # same folder, so that os.replace is a rename, not a copy
+    path = check_replaceable(path)
+    descriptor, temporary = _create_temporary(path)  # same folder, so that os.replace is a rename, not a copy
     try:
-        with open(temporary, mode, encoding=encoding if mode == "w" else None) as file:
+        with os.fdopen(descriptor, mode, encoding=encoding if mode == "w" else None) as file:
             yield file
             file.flush()
             os.fsync(file.fileno())
