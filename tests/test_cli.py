@@ -196,6 +196,27 @@ def test_an_existing_run_is_refused_without_resume_or_overwrite(tmp_path, capsys
     assert code == 1 and "is a file" in one_error_line(err)
 
 
+def test_a_second_training_in_a_folder_in_use_stops_at_once_even_with_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"the first training's checkpoint")
+    script = "import sys\nfrom transformer_lib import runs\nwith runs.lock_run_folder(sys.argv[1]):\n" \
+             "    print('locked', flush=True)\n    sys.stdin.read()\n"
+    holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        for extra in ([], ["--overwrite"]):
+            code, _, err = run_main(capsys, "train", "--preset", "tiny", "--out", str(run), *extra)
+            line = one_error_line(err)
+            assert code == 1 and f"{str(run)!r} is in use by process {holder.pid}" in line, line
+        assert (run / "checkpoint.pt").read_bytes() == b"the first training's checkpoint"
+    finally:
+        holder.stdin.close()
+        holder.wait()
+        holder.stdout.close()
+
+
 def test_bad_checkpoints_are_one_line_and_run_no_code(tmp_path, capsys):
     import pickle
 

@@ -410,6 +410,59 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
     assert list((tmp_path / "run").iterdir()) == []
 
 
+HOLD_SCRIPT = """
+import sys
+from transformer_lib import runs
+with runs.lock_run_folder(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()  # hold the lock until the test closes stdin (or kills this process)
+"""
+
+
+def hold_lock(folder: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(folder)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert process.stdout.readline() == "locked\n"
+    return process
+
+
+def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_lock_is_stale(tmp_path):
+    folder = tmp_path / "run"
+    holder = hold_lock(folder)
+    try:
+        with pytest.raises(runs.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
+            with runs.lock_run_folder(folder):
+                pass
+        assert "\n" not in str(error.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding the lock: the kernel releases it, the file stays
+        holder.wait()
+        holder.stdout.close()
+        holder.stdin.close()
+    assert (folder / runs.LOCK_FILE).exists()
+    with runs.lock_run_folder(folder):  # the stale lock is no obstacle
+        assert (folder / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    assert list(folder.iterdir()) == []  # the lock file goes; the folder existed before, so it stays
+    with runs.lock_run_folder(tmp_path / "new"):
+        assert (tmp_path / "new").is_dir()
+    assert not (tmp_path / "new").exists()  # created by the lock and still empty: a failed start leaves nothing
+
+
+def test_the_lock_is_reentrant_and_clears_what_a_dead_writer_left(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".checkpoint.pt.0123abcd.tmp").write_bytes(b"half a checkpoint of a killed run")
+    (folder / "checkpoint.pt.tmp").write_bytes(b"the user's own file")
+    with runs.lock_run_folder(folder):
+        with runs.lock_run_folder(folder / "."):  # a notebook re-running a cell in the same process
+            pass
+        assert (folder / runs.LOCK_FILE).exists()  # still held by the outer block
+        holder = subprocess.run([sys.executable, "-c", HOLD_SCRIPT, str(folder)], input="", capture_output=True,
+                                text=True, cwd=ROOT)
+        assert holder.returncode == 1 and f"is in use by process {os.getpid()}" in holder.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt.tmp"]  # the folder existed before: it stays
+
+
 # ---- the model refuses shapes it would silently broadcast ----
 
 

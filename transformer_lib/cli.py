@@ -8,15 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from transformer_lib.distributed import TorchrunProcess, launched_by_torchrun
+from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
 from transformer_lib.runs import (
     DivergedError,
     atomic_write_text,
     check_run_folder,
+    lock_run_folder,
     merge_settings,
     read_settings_file,
     read_text,
@@ -167,21 +169,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides, preset = None, "multi30k"
     else:
         overrides, preset = _train_settings(args)
-    check_run_folder(args.out, args.resume, args.overwrite)
-    process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
-    try:
-        summary = train_translator(
-            args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
-            corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
-            epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
-            compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
-            process=process,
-        )
-        if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
-            return 0
-    finally:
-        if process is not None:
-            process.close()  # leave the process group, after the others are done
+    if args.resume:  # resume needs a checkpoint: say so before the lock creates the folder
+        check_run_folder(args.out, args.resume, args.overwrite)
+    # One training per folder: the main process (rank 0 under torchrun, which stops the others when it fails) locks
+    # it before anything is read or written, so that a second `train`, even with --overwrite, stops at once.
+    held = lock_run_folder(args.out) if launch_info().rank == 0 else nullcontext()
+    with held:
+        check_run_folder(args.out, args.resume, args.overwrite)
+        process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
+        try:
+            summary = train_translator(
+                args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
+                corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
+                epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
+                compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
+                process=process,
+            )
+        finally:
+            if process is not None:
+                process.close()  # leave the process group, after the others are done
+    if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
+        return 0
     last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")

@@ -7,6 +7,7 @@
 - `merge_settings`, `validate_settings`: a run's settings checked in one place; an unknown key is refused with the
   closest valid name, a bad value with the key, the value and what is allowed.
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it.
+- `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel.
 - `checkpoint_errors`, `check_checkpoint`: a corrupt or foreign checkpoint gives one clear line, not a traceback.
 - `interrupt_guard`, `diverged`: Ctrl-C ends a training step cleanly; a non-finite loss stops the run.
 """
@@ -296,6 +297,90 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
     return out
+
+
+LOCK_FILE = ".lock"  # inside the run folder; holds the pid of the process that trains there
+
+try:
+    import fcntl  # POSIX; Windows has no flock, and there run folders are not locked
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+_held: dict[Path, list] = {}  # run folder -> [lock file descriptor, depth]: the folders this process holds
+
+
+class RunFolderInUseError(OSError):
+    """Another process trains in this run folder."""
+
+
+def _take_lock(out: Path) -> int:
+    """The descriptor of out's lock file, locked by this process, or RunFolderInUseError naming the holder."""
+    lock = out / LOCK_FILE
+    while True:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it when its process dies
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(descriptor)
+            raise RunFolderInUseError(f"the run folder {str(out)!r} is in use by process {holder} (it holds "
+                                      f"{lock}); wait until that run ends, or choose another folder") from None
+        try:
+            same = os.path.samestat(os.fstat(descriptor), os.lstat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:  # else the holder removed the file between our open and our lock: try again on the new one
+            break
+        os.close(descriptor)
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
+    return descriptor
+
+
+@contextmanager
+def lock_run_folder(out_dir: str | Path) -> Iterator[Path]:
+    """Hold the run folder (creating it) so that no second process trains there at the same time.
+
+    A second process fails at once with RunFolderInUseError naming the folder and the holder's pid. The lock is an
+    flock on out_dir/.lock, which the kernel releases when its process dies, so a killed run leaves no stale lock.
+    The same process may enter again (a notebook re-running a cell). On entry, temporary files that a killed
+    writer left (.checkpoint.pt.RANDOM.tmp, ...) are removed; on exit, the lock file goes, and so does the folder if
+    this call created it and it is still empty. Without fcntl (Windows) the folder is created but not locked.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    key = out.resolve()
+    if fcntl is None or key in _held:
+        if key in _held:
+            _held[key][1] += 1
+        try:
+            yield out
+        finally:
+            if key in _held:
+                _held[key][1] -= 1
+        return
+    descriptor = _take_lock(out)
+    _held[key] = [descriptor, 1]
+    for name in RUN_FILES:  # only a dead writer's: a live one would hold the lock
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+    try:
+        yield out
+    finally:
+        if _held[key][1] == 1:
+            del _held[key]
+            (out / LOCK_FILE).unlink(missing_ok=True)  # removed while still locked, then released
+            os.close(descriptor)
+            if created:
+                try:
+                    out.rmdir()  # only if empty: a start that failed before writing anything leaves no folder
+                except OSError:
+                    pass
+        else:
+            _held[key][1] -= 1
 
 
 # ---- checkpoints ----
