@@ -237,6 +237,50 @@ def test_bad_checkpoint_files_give_one_line(tmp_path, content, message):
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
 
+def checksummed(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    model = tl.Transformer(tl.TransformerConfig(**CFG))
+    checkpoint = {"config": dict(CFG), "model": model.state_dict(), "extra": {}}
+    checkpoint["checksum"] = runs.weights_checksum(checkpoint)
+    return checkpoint
+
+
+def test_the_weights_checksum_is_deterministic_and_sees_every_name_dtype_shape_and_byte():
+    checkpoint = checksummed()
+    digest = checkpoint["checksum"]
+    assert len(digest) == 64 and digest == checksummed()["checksum"]  # the same weights: the same sha256
+    assert digest != checksummed(seed=1)["checksum"]
+    weights = checkpoint["model"]
+    name = "encoder.layers.0.feed_forward.linear1.weight"
+    variants = {
+        "a flipped byte": {**weights, name: weights[name].clone().view(torch.int32).bitwise_xor(1 << 7).view(torch.float32)},
+        "another dtype": {**weights, name: weights[name].double()},
+        "another shape": {**weights, name: weights[name].reshape(-1)},
+        "another name": {("x" + k if k == name else k): v for k, v in weights.items()},
+    }
+    for what, model in variants.items():
+        assert runs.weights_checksum({"config": CFG, "model": model}) != digest, what
+    assert runs.weights_checksum({"config": {**CFG, "n_heads": 8}, "model": weights}) != digest
+
+
+def test_a_checkpoint_whose_weights_or_config_changed_since_it_was_written_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint = checksummed()
+    runs.check_checkpoint(checkpoint, path, ("config", "model"))  # intact
+    checkpoint["config"]["n_heads"] = 8  # edited from 4 to 8 heads
+    with pytest.raises(runs.CheckpointError, match="weights or config changed since the file was written") as error:
+        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+    checkpoint = checksummed()
+    name = "decoder.layers.1.feed_forward.linear2.bias"
+    checkpoint["model"][name] = checkpoint["model"][name].clone()
+    checkpoint["model"][name][3] += 1e-6  # flipped bits in one weight
+    with pytest.raises(runs.CheckpointError, match="changed since"):
+        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    del checkpoint["checksum"]  # files written before checksums: loaded as before
+    runs.check_checkpoint(checkpoint, path, ("config", "model"))
+
+
 # ---- a diverged run stops ----
 
 
@@ -257,6 +301,15 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert checkpoint["state"]["step"] == 3
     assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the weights were not updated with NaN
+
+
+def test_the_divergence_message_says_a_checkpoint_was_kept_only_when_one_exists(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    message = str(runs.diverged(3, "loss", float("nan"), path))
+    assert "no checkpoint was written before it" in message and "keeps" not in message
+    path.write_bytes(b"a checkpoint")
+    assert f"{path} keeps the last checkpoint written before it" in str(runs.diverged(3, "loss", float("nan"), path))
+    assert "keeps" not in str(runs.diverged(3, "loss", float("nan"), None))
 
 
 def test_a_non_finite_gradient_stops_training_even_without_clipping():

@@ -8,13 +8,15 @@
   closest valid name, a bad value with the key, the value and what is allowed.
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it.
 - `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel.
-- `checkpoint_errors`, `check_checkpoint`: a corrupt or foreign checkpoint gives one clear line, not a traceback.
+- `checkpoint_errors`, `check_checkpoint`, `weights_checksum`: a corrupt or foreign checkpoint, or one whose weights
+  no longer match their checksum, gives one clear line, not a traceback.
 - `interrupt_guard`, `diverged`: Ctrl-C ends a training step cleanly; a non-finite loss stops the run.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import inspect
 import json
 import math
@@ -30,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+import torch
 
 RUN_FILES = ("checkpoint.pt", "tokenizer.json", "history.json")
 
@@ -418,7 +422,32 @@ def check_checkpoint(checkpoint: Any, path: str | Path, keys: tuple[str, ...]) -
     if missing:
         raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it lacks {', '.join(map(repr, missing))}; "
                               f"use a file written by save_checkpoint")
+    if "checksum" in checkpoint and checkpoint["checksum"] != _checksum_or_none(checkpoint):  # older files lack one
+        raise CheckpointError(f"{path} fails its checksum: its weights or config changed since the file was written "
+                              f"(damaged on disk, or edited); use another copy or train again")
     return checkpoint
+
+
+def weights_checksum(checkpoint: dict) -> str:
+    """sha256 of checkpoint["config"] and of every tensor of checkpoint["model"]: name, dtype, shape and bytes.
+
+    Deterministic (names in sorted order, the config as sorted JSON, the bytes read on the CPU), so a file's weights
+    can be checked against the sum save_checkpoint stored beside them: a flipped bit or an edited config shows.
+    """
+    digest = hashlib.sha256(json.dumps(checkpoint["config"], sort_keys=True, default=repr).encode("utf-8"))
+    for name in sorted(checkpoint["model"]):
+        tensor = checkpoint["model"][name].detach().cpu().contiguous()
+        digest.update(f"\n{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode("utf-8"))
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bytes, whatever the dtype
+    return digest.hexdigest()
+
+
+def _checksum_or_none(checkpoint: dict) -> str | None:
+    """The checksum of a checkpoint, or None when its config or weights are not what save_checkpoint writes."""
+    try:
+        return weights_checksum(checkpoint)
+    except (AttributeError, KeyError, TypeError, RuntimeError):
+        return None
 
 
 # ---- stopping a run ----
@@ -430,7 +459,11 @@ class DivergedError(FloatingPointError):
 
 def diverged(step: int, what: str, value: Any, checkpoint_path: str | Path | None) -> DivergedError:
     """The error that stops a diverged run: what became non-finite, where, and what to do."""
-    kept = f"{checkpoint_path} keeps the last checkpoint written before it; " if checkpoint_path else ""
+    kept = ""  # no file to speak of (no checkpoints asked for, or not the process that writes them)
+    if checkpoint_path and Path(checkpoint_path).is_file():
+        kept = f"{checkpoint_path} keeps the last checkpoint written before it; "
+    elif checkpoint_path:
+        kept = f"no checkpoint was written before it, so {checkpoint_path} does not exist; "
     return DivergedError(
         f"training diverged at step {step}: the {what} is {float(value)}, and the weights were not updated. {kept}"
         f"lower the learning rate (lr_factor) or lengthen the warm-up (warmup), then train again"
