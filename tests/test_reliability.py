@@ -372,6 +372,25 @@ def test_a_run_killed_between_log_entries_resumes_with_the_same_means(tmp_path, 
     assert resumed.history == straight.history
 
 
+SIGTERM_SCRIPT = """
+import os, signal
+from transformer_lib import runs
+before = signal.getsignal(signal.SIGTERM)
+with runs.interrupt_guard() as interrupt:
+    os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` or a cluster's scheduler would
+    for _ in range(1000):  # the handler runs between bytecodes of the main thread
+        if interrupt.requested:
+            break
+print("requested" if interrupt.requested else "not requested", signal.getsignal(signal.SIGTERM) is before)
+"""
+
+
+def test_sigterm_is_handled_like_ctrl_c():
+    result = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"killed by signal {-result.returncode}" if result.returncode < 0 else result.stderr
+    assert result.stdout.split() == ["requested", "True"]  # and the previous handler is back afterwards
+
+
 # ---- mixed precision by compute capability ----
 
 
@@ -441,6 +460,58 @@ def test_a_setting_without_a_rule_keeps_its_type():
         runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": 3}}), preset)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model": {"d_model": 10**9, "n_heads": 1}}, r"model.d_model must be at most 65536, got 1000000000"),
+        ({"model": {"d_ff": 10**12}}, r"model.d_ff must be at most 1048576"),
+        ({"model": {"n_layers": 5000}}, r"model.n_layers must be at most 1024"),
+        ({"training": {"vocab_size": 10**9}}, r"training.vocab_size must be at most 1048576"),
+        ({"model": {"max_len": 10**8}}, r"model.max_len must be at most 1048576"),
+        ({"model": {"d_model": 16384, "n_heads": 16, "n_layers": 64, "d_ff": 65536}},
+         r"would have about \d\.\de\+11 parameters.*at most 1e\+10"),
+    ],
+)
+def test_huge_model_sizes_are_refused_with_the_bound_and_its_reason(overrides, message):
+    with pytest.raises(ValueError, match=message) as error:
+        settings_with(overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_the_parameter_estimate_behind_the_bound_is_close_to_the_true_count():
+    model = dict(d_model=64, n_heads=4, n_layers=3, d_ff=256, max_len=50, positional="learned")
+    estimate = runs.estimate_parameters(model, vocab_size=300)
+    cfg = tl.TransformerConfig(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=True, tie_embeddings=True,
+                               **model)
+    true = sum(p.numel() for p in tl.Transformer(cfg).parameters())
+    # The estimate leaves out biases and LayerNorms: per layer about 9 d_model + d_ff of 4 d_model^2 + 2 d_model d_ff
+    # in the encoder (and more of both in the decoder), under 2% here.
+    assert 0.98 * true <= estimate <= true
+
+
+def test_a_deeply_nested_config_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ValueError, match="nested too deeply") as error:
+        runs.read_settings_file(path)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"de": "Ein Hund.", "en": "A dog."', r"line 2 is not valid JSON \(line 1, column"),
+        ('["Ein Hund.", "A dog."]', "line 2 is not a JSON object"),
+    ],
+)
+def test_a_malformed_data_line_is_named(tmp_path, line, message):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"de": "Zwei Katzen.", "en": "Two cats."}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as error:
+        runs.check_data_file(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
 # ---- run folders ----
 
 
@@ -448,10 +519,12 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
     runs.check_run_folder(tmp_path / "new", resume=False, overwrite=False)  # a new folder is fine
     (tmp_path / "run").mkdir()
     runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)  # so is an empty one
-    (tmp_path / "run" / "tokenizer.json").write_text("{}")
-    with pytest.raises(FileExistsError, match=r"already holds a run \(tokenizer.json\); continue it with resume"):
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"a run")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(checkpoint.pt\); continue it with resume"):
         runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)
     runs.check_run_folder(tmp_path / "run", resume=False, overwrite=True)
+    runs.check_run_folder(tmp_path / "run", resume=True, overwrite=False)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
     with pytest.raises(FileNotFoundError, match="resume needs .*checkpoint.pt"):
         runs.check_run_folder(tmp_path / "run", resume=True, overwrite=False)
     with pytest.raises(ValueError, match="choose one"):
@@ -514,6 +587,23 @@ def test_the_lock_is_reentrant_and_clears_what_a_dead_writer_left(tmp_path):
                                 text=True, cwd=ROOT)
         assert holder.returncode == 1 and f"is in use by process {os.getpid()}" in holder.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt.tmp"]  # the folder existed before: it stays
+
+
+def test_a_failed_start_is_not_called_a_run_and_both_messages_lead_out_of_the_folder(tmp_path):
+    # A start that failed after writing tokenizer.json, before its first checkpoint: once, plain train called the
+    # folder "a run" and sent the user to resume, and resume said there was no checkpoint: a circle.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").write_text("{}")
+    messages = []
+    for resume in (False, True):
+        with pytest.raises((FileExistsError, FileNotFoundError)) as error:
+            runs.check_run_folder(run, resume=resume, overwrite=False)
+        messages.append(str(error.value))
+    for message in messages:
+        assert "already holds a run" not in message and "continue it with resume" not in message
+        assert "tokenizer.json but no checkpoint.pt" in message and "overwrite (--overwrite)" in message
+    runs.check_run_folder(run, resume=False, overwrite=True)  # the way out that both name
 
 
 # ---- the model refuses shapes it would silently broadcast ----

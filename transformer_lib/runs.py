@@ -10,7 +10,7 @@
 - `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel.
 - `checkpoint_errors`, `check_checkpoint`, `weights_checksum`: a corrupt or foreign checkpoint, or one whose weights
   no longer match their checksum, gives one clear line, not a traceback.
-- `interrupt_guard`, `diverged`: Ctrl-C ends a training step cleanly; a non-finite loss stops the run.
+- `interrupt_guard`, `diverged`: Ctrl-C or SIGTERM ends a training step cleanly; a non-finite loss stops the run.
 """
 
 from __future__ import annotations
@@ -176,6 +176,22 @@ RULES: dict[str, dict[str, tuple]] = {
 }
 
 
+SIZE_BOUNDS = {  # generous: the paper's big model has d_model 1024, d_ff 4096 and 6 layers, a vocabulary of 37000
+    "model": {"d_model": 2**16, "d_ff": 2**20, "n_layers": 1024, "max_len": 2**20},
+    "training": {"vocab_size": 2**20},
+}
+MAX_PARAMETERS = 10**10
+
+
+def estimate_parameters(model: dict, vocab_size: int) -> int:
+    """About how many numbers a translator of these settings holds (without biases and LayerNorms, under 2%)."""
+    d, d_ff, layers = model["d_model"], model["d_ff"], model["n_layers"]
+    embeddings = (vocab_size + 2 * model.get("max_len", 0)) * d  # one shared, tied token table; two position tables
+    encoder_layer = 4 * d * d + 2 * d * d_ff  # self-attention's W^Q, W^K, W^V, W^O; the feed-forward network
+    decoder_layer = 8 * d * d + 2 * d * d_ff  # self- and cross-attention; the feed-forward network
+    return embeddings + layers * (encoder_layer + decoder_layer)
+
+
 def _suggest(name: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if c.startswith(name)]
     return f"did you mean {close[0]!r}? " if close else ""
@@ -218,7 +234,20 @@ def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
                 allowed = f"a {type(default).__name__} like its default {default!r}"
             if test is not None and not test(value):
                 raise ValueError(f"setting {part}.{key} must be {allowed}, got {value!r}")
+    for part, values in settings.items():
+        for key, value in values.items():
+            bound = SIZE_BOUNDS.get(part, {}).get(key)
+            if bound is not None and value > bound:
+                raise ValueError(f"setting {part}.{key} must be at most {bound}, got {value} (the bounds are far "
+                                 f"above any model this book trains; they stop a typo from exhausting memory)")
     model, training = settings.get("model", {}), settings.get("training", {})
+    if {"d_model", "n_layers", "d_ff"} <= set(model):
+        parameters = estimate_parameters(model, training.get("vocab_size", 0))
+        if parameters > MAX_PARAMETERS:
+            raise ValueError(f"settings model.d_model={model['d_model']}, n_layers={model['n_layers']} and "
+                             f"d_ff={model['d_ff']} would have about {parameters:.1e} parameters, and training "
+                             f"keeps 16 bytes of each (weights, gradient, Adam's two moments): at most "
+                             f"{MAX_PARAMETERS:.0e} parameters (160 GB, more than one GPU holds) are allowed")
     if "d_model" in model and "n_heads" in model and model["d_model"] % model["n_heads"]:
         raise ValueError(f"setting model.d_model must be divisible by model.n_heads, got d_model={model['d_model']} "
                          f"and n_heads={model['n_heads']}")
@@ -233,6 +262,9 @@ def read_settings_file(path: str | Path) -> Any:
     text = read_text(path, "--config")
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"--config {str(path)!r} is nested too deeply to read; expected an object of two levels, "
+                         f'like {{"training": {{"epochs": 5}}}}') from None
     except json.JSONDecodeError as error:
         raise ValueError(f"--config {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: "
                          f"{error.msg}); fix the file, e.g. check it with `python -m json.tool {path}`") from None
@@ -255,9 +287,23 @@ def read_text(path: str | Path, what: str) -> str:
 
 def check_data_file(path: str | Path) -> Path:
     """A local corpus file must be UTF-8 text with at least one line: say so, naming it, before datasets fails."""
-    if not read_text(path, "data file").strip():
+    text = read_text(path, "data file")
+    if not text.strip():
         raise ValueError(f"data file {str(path)!r} is empty; expected one JSON object per line, with a string for "
                          f"each language")
+    for number, line in enumerate(text.split("\n"), 1):  # datasets' own error would be a long traceback
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as error:
+            where = f" (line 1, column {error.colno}: {error.msg})" if isinstance(error, json.JSONDecodeError) else ""
+            raise ValueError(f"data file {str(path)!r}: line {number} is not valid JSON{where}; expected one JSON "
+                             f"object per line, with a string for each language: fix or remove that line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"data file {str(path)!r}: line {number} is not a JSON object but "
+                             f"{type(row).__name__} {line.strip()[:60]!r}; expected one object per line, with a "
+                             f"string for each language")
     return Path(path)
 
 
@@ -272,11 +318,18 @@ def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder for checkpoint.pt, "
                                  f"tokenizer.json and history.json (a new one, or a run to resume)")
-    if resume and not (out / "checkpoint.pt").is_file():
-        raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; start a new run there "
-                                f"without resume")
+    # A run is a folder with a checkpoint. Other run files without one are what a start that failed before its
+    # first checkpoint leaves: nothing to resume, so both messages below point to overwrite, never to each other.
     existing = [name for name in RUN_FILES if (out / name).exists()]
+    leftovers = (f"{out} holds {' and '.join(existing)} but no checkpoint.pt: a start that stopped before its first "
+                 f"checkpoint left {'them' if len(existing) > 1 else 'it'}, and there is no run to resume; replace "
+                 f"{'them' if len(existing) > 1 else 'it'} with overwrite (--overwrite), or choose another folder")
+    if resume and not (out / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; " + (
+            leftovers if existing else "start a new run there without resume"))
     if existing and not resume and not overwrite:
+        if "checkpoint.pt" not in existing:
+            raise FileExistsError(leftovers)
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); continue it with resume "
                               f"(--resume), replace it with overwrite (--overwrite), or choose another folder")
     return out
@@ -479,11 +532,16 @@ class _Interrupt:
         self.requested = True
 
 
+# Ctrl-C, and the polite stop that `kill PID`, systemd and cluster schedulers send before SIGKILL (POSIX only).
+_STOP_SIGNALS = (signal.SIGINT, *((signal.SIGTERM,) if os.name == "posix" else ()))
+
+
 @contextmanager
 def interrupt_guard() -> Iterator[_Interrupt]:
-    """While active, Ctrl-C (SIGINT) sets .requested instead of raising, so the loop can finish its step and save.
+    """While active, Ctrl-C (SIGINT) or SIGTERM sets .requested instead of stopping, so the loop can finish its step
+    and save.
 
-    A second Ctrl-C raises at once. Outside the main thread, and under torchrun (where processes would stop at
+    A second signal raises KeyboardInterrupt at once. Outside the main thread, and under torchrun (where processes would stop at
     different steps), Ctrl-C raises as usual and .requested stays False.
     """
     from transformer_lib.distributed import world_size
@@ -492,8 +550,9 @@ def interrupt_guard() -> Iterator[_Interrupt]:
     if threading.current_thread() is not threading.main_thread() or world_size() > 1:
         yield interrupt
         return
-    previous = signal.signal(signal.SIGINT, interrupt.handle)
+    previous = {number: signal.signal(number, interrupt.handle) for number in _STOP_SIGNALS}
     try:
         yield interrupt
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
