@@ -481,6 +481,34 @@ def check_checkpoint(checkpoint: Any, path: str | Path, keys: tuple[str, ...]) -
     return checkpoint
 
 
+RUN_RECORD_KEYS = ("corpus", "src_lang", "tgt_lang", "corpus_config", "seed", "train_limit", "preset", "overrides",
+                   "settings")
+
+
+def read_run_record(path: str | Path) -> dict:
+    """The "extra" of a checkpoint written by train_translator, read without loading its weights (mmap).
+
+    It must hold the run record (what train_translator resumes and `evaluate --split` scores) and the tokenizer;
+    else one CheckpointError naming the file, instead of a KeyError deep in the training code.
+    """
+    with checkpoint_errors(path):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    extra = check_checkpoint(checkpoint, path, ("config", "model", "extra"))["extra"]
+    run = extra.get("run") if isinstance(extra, dict) else None
+    lacks = []
+    if not isinstance(run, dict):
+        lacks.append("no run record")
+    elif any(key not in run for key in RUN_RECORD_KEYS):
+        lacks.append(f"a run record without {', '.join(repr(k) for k in RUN_RECORD_KEYS if k not in run)}")
+    if not isinstance(extra, dict) or not isinstance(extra.get("tokenizer"), str):
+        lacks.append("no tokenizer")
+    if lacks:
+        raise CheckpointError(f"{path} holds {' and '.join(lacks)}: it was not written by train_translator (chapter "
+                              f"7's train writes such files); resuming and --split need a run folder written by "
+                              f"`python -m transformer_lib train`")
+    return extra
+
+
 def weights_checksum(checkpoint: dict) -> str:
     """sha256 of checkpoint["config"] and of every tensor of checkpoint["model"]: name, dtype, shape and bytes.
 
