@@ -86,6 +86,12 @@ def test_a_key_padding_mask_is_refused_with_the_way_to_make_it_4d():
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+def test_an_empty_d_k_is_refused_not_nan():
+    empty = torch.randn(1, 3, 0)  # (B, T, d_k = 0): the scores would be 0 / sqrt(0)
+    with pytest.raises(ValueError, match="d_k must be at least 1, got 0"):
+        tl.scaled_dot_product_attention(empty, empty, torch.randn(1, 3, 4))
+
+
 def test_mismatched_dimensions_are_named():
     with pytest.raises(ValueError, match="d_k"):
         tl.scaled_dot_product_attention(torch.randn(1, 3, 4), torch.randn(1, 3, 5), torch.randn(1, 3, 5))

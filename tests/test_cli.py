@@ -46,6 +46,15 @@ def test_help_describes_every_command(command):
         (["translate", "--checkpoint", "nowhere", "Hallo"], "--checkpoint 'nowhere' does not exist"),
         (["evaluate", "--hyp-file", "missing.txt", "--ref-file", "x"], "file 'missing.txt' does not exist"),
         (["evaluate"], "give --checkpoint with --split"),
+        (["train", "--out", ""], "argument --out: expected a folder name, got ''"),
+        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "../private/x"],
+         "argument --corpus-config: expected a language pair as the Hub names it, like 'en-it', got '../private/x'"),
+        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "/etc/passwd"], "got '/etc/passwd'"),
+        (["train", "--out", "x", "--corpus-config", "en-it"], "--corpus-config 'en-it' names an opus_books pair"),
+        (["evaluate", "--checkpoint", "x", "--split", "test", "--ref-file", "README.md"],
+         "--split scores the corpus's own references"),
+        (["translate", "--checkpoint", "x", "Ein Hund.", "Ein <eos> Hund."],
+         "sentence 2 contains '<eos>', the text of a special token"),
     ],
 )
 def test_bad_arguments_get_clear_messages(args, message):
@@ -196,6 +205,27 @@ def test_an_existing_run_is_refused_without_resume_or_overwrite(tmp_path, capsys
     assert code == 1 and "is a file" in one_error_line(err)
 
 
+def test_a_second_training_in_a_folder_in_use_stops_at_once_even_with_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"the first training's checkpoint")
+    script = "import sys\nfrom transformer_lib import runs\nwith runs.lock_run_folder(sys.argv[1]):\n" \
+             "    print('locked', flush=True)\n    sys.stdin.read()\n"
+    holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        for extra in ([], ["--overwrite"]):
+            code, _, err = run_main(capsys, "train", "--preset", "tiny", "--out", str(run), *extra)
+            line = one_error_line(err)
+            assert code == 1 and f"{str(run)!r} is in use by process {holder.pid}" in line, line
+        assert (run / "checkpoint.pt").read_bytes() == b"the first training's checkpoint"
+    finally:
+        holder.stdin.close()
+        holder.wait()
+        holder.stdout.close()
+
+
 def test_bad_checkpoints_are_one_line_and_run_no_code(tmp_path, capsys):
     import pickle
 
@@ -232,3 +262,105 @@ def test_a_bug_still_shows_its_traceback(monkeypatch, capsys):
     monkeypatch.setattr(cli_module, "cmd_translate", broken)
     code, _, err = run_main(capsys, "translate", "--checkpoint", "x", "Hallo")
     assert code == 1 and "Traceback" in err and "TypeError: a bug" in err and "this is a bug" in err
+
+
+# ---- the files evaluate --save-hyp must never replace ----
+
+
+def src_ref(tmp_path):
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    ref.write_text("A dog.\n", encoding="utf-8")
+    return src, ref
+
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "tokenizer.json", "history.json"])
+def test_save_hyp_never_overwrites_the_checkpoint_being_evaluated_or_its_run(tmp_path, capsys, name):
+    src, ref = src_ref(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"the weights")
+    for checkpoint in (run, run / "checkpoint.pt"):
+        code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(checkpoint), "--src-file", str(src),
+                                "--ref-file", str(ref), "--save-hyp", str(run / name))
+        assert code == 1 and f"--save-hyp {str(run / name)!r} is a file of the run" in one_error_line(err)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]
+    assert (run / "checkpoint.pt").read_bytes() == b"the weights"
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_save_hyp_refuses_a_link_or_a_special_file_before_translating(tmp_path, capsys, kind):
+    src, ref = src_ref(tmp_path)
+    target = tmp_path / "hyp.en"
+    if kind == "link":
+        target.symlink_to("/dev/stdout")
+    else:
+        os.mkfifo(target)
+    code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(tmp_path / "nowhere"), "--src-file", str(src),
+                            "--ref-file", str(ref), "--save-hyp", str(target))
+    line = one_error_line(err)
+    assert code == 1 and ("is a symbolic link" if kind == "link" else "is a FIFO, not a regular file") in line
+    assert target.is_symlink() == (kind == "link")
+
+
+# ---- standard input ----
+
+
+def fake_stdin(monkeypatch, text: str) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+
+
+def test_stdin_is_split_only_at_line_ends(monkeypatch):
+    fake_stdin(monkeypatch, "Ein\u2028Hund.\nEine\x0cKatze.\nZwei\x85Pferde.\nDrei V\u00f6gel.\r\n")
+    assert cli_module._stdin_sentences() == ["Ein\u2028Hund.", "Eine\x0cKatze.", "Zwei\x85Pferde.", "Drei V\u00f6gel."]
+
+
+def test_special_token_text_on_stdin_is_refused_naming_the_line(monkeypatch, capsys):
+    fake_stdin(monkeypatch, "Ein Hund.\n\nEine <pad> Katze.\n")
+    code, _, err = run_main(capsys, "translate", "--checkpoint", "nowhere")
+    assert code == 1 and "line 3 of standard input contains '<pad>'" in one_error_line(err)
+
+
+# ---- checkpoints that load but do not fit ----
+
+
+def fake_run(tmp_path, config_change=None, weights_config=None, extra=None) -> Path:
+    """A run folder whose checkpoint.pt has the keys save_checkpoint writes, a small model and a tokenizer."""
+    import torch
+
+    import transformer_lib as tl
+
+    tokenizer = tl.train_word_tokenizer(["ein Hund", "a dog", "eine Katze", "a cat"] * 3, vocab_size=20)
+    config = dict(src_vocab_size=tokenizer.get_vocab_size(), tgt_vocab_size=tokenizer.get_vocab_size(), d_model=16,
+                  n_heads=2, n_layers=1, d_ff=32, max_len=16, share_embeddings=True)
+    model = tl.Transformer(tl.TransformerConfig(**{**config, **(weights_config or {})}))
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"config": {**config, **(config_change or {})}, "model": model.state_dict(), "optimizer": {},
+                "scheduler": {}, "scaler": None, "state": {}, "rng": {},
+                "extra": {"tokenizer": tokenizer.to_str()} if extra is None else extra}, run / "checkpoint.pt")
+    return run
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(config_change={"n_experts": 4}), "config does not fit this version of transformer_lib"),
+        (dict(weights_config={"d_ff": 64}), "weights do not fit its config (size mismatch for"),
+    ],
+)
+def test_a_checkpoint_whose_config_or_weights_do_not_fit_is_one_line(tmp_path, capsys, change, message):
+    run = fake_run(tmp_path, **change)
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
+    line = one_error_line(err)
+    assert code == 1 and message in line and str(run / "checkpoint.pt") in line
+
+
+@pytest.mark.parametrize("command", [["train", "--resume", "--out"], ["evaluate", "--split", "test", "--checkpoint"]])
+def test_a_checkpoint_without_its_run_record_is_one_line(tmp_path, capsys, command):
+    run = fake_run(tmp_path)
+    code, _, err = run_main(capsys, *command, str(run))
+    line = one_error_line(err)
+    assert code == 1 and "holds no run record" in line and str(run / "checkpoint.pt") in line

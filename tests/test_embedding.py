@@ -35,6 +35,20 @@ def test_pad_batch():
         tl.pad_batch([[1], []], pad_id=0)
     with pytest.raises(ValueError, match="sequences is empty"):
         tl.pad_batch([], pad_id=0)
+    with pytest.raises(TypeError, match=r"sequences\[1\] must hold integer token ids, got dtype torch.float32"):
+        tl.pad_batch([[5, 6], [7.9, 8.2]], pad_id=0)  # would have become 7 and 8
+
+
+@pytest.mark.parametrize("train", [tl.train_bpe_tokenizer, tl.train_word_tokenizer])
+@pytest.mark.parametrize("texts", [[], ["", "  \t "], iter([])])
+def test_a_tokenizer_is_not_trained_on_no_text(train, texts):
+    with pytest.raises(ValueError, match="texts must hold some text to learn from"):
+        train(texts, vocab_size=50, min_frequency=1)
+
+
+def test_a_tokenizer_may_learn_from_a_generator():
+    tokenizer = tl.train_word_tokenizer((text for text in ["a dog", "a cat"]), vocab_size=50, min_frequency=1)
+    assert tokenizer.token_to_id("dog") is not None
 
 
 def test_bpe_tokenizer_round_trip_and_special_tokens():

@@ -143,6 +143,11 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         (dict(share_embeddings=True), "share_embeddings needs one joint vocabulary"),
         (dict(pad_id=40), "pad_id must be a token id of both vocabularies, got 40"),
         (dict(n_layers=0), "n_layers must be a positive integer, got 0"),
+        (dict(d_model=True, n_heads=1), "d_model must be a positive integer, got True"),  # bool is an int subclass
+        (dict(n_heads=2.0), "n_heads must be a positive integer, got 2.0"),
+        (dict(norm_first="no"), "norm_first must be True or False, got 'no'"),  # 'no' is truthy: it meant pre-norm
+        (dict(tie_embeddings=1), "tie_embeddings must be True or False, got 1"),
+        (dict(share_embeddings=None), "share_embeddings must be True or False, got None"),
     ],
 )
 def test_bad_configurations(changes, message):

@@ -111,7 +111,8 @@ def test_sigkill_at_random_moments_of_saving_every_step_always_leaves_a_run_that
         process.stdout.close()
         checkpoint = load_checkpoint(folder / "checkpoint.pt")  # never half a file
         assert checkpoint["state"]["step"] >= steps[-1]
-        assert {p.name for p in folder.iterdir()} <= {"checkpoint.pt", "checkpoint.pt.tmp"}
+        left = {p.name for p in folder.iterdir()} - {"checkpoint.pt"}
+        assert all(name.startswith(".checkpoint.pt.") and name.endswith(".tmp") for name in left), left
     assert steps == sorted(steps) and steps[-1] > 0  # each run resumed where the last one was killed
 
 
@@ -127,6 +128,62 @@ def test_write_json_replaces_atomically(tmp_path):
     runs.write_json(path, [(1, 0.5), (2, float("nan"))])
     assert json.loads(path.read_text(encoding="utf-8")) == [[1, 0.5], [2, None]]
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
+
+
+def test_a_link_planted_at_the_old_temporary_name_is_never_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    (tmp_path / "history.json.tmp").symlink_to(victim)  # the fixed name atomic writes used to open, following links
+    runs.write_json(tmp_path / "history.json", [1])
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert (tmp_path / "history.json.tmp").is_symlink()  # not renamed away either
+    assert json.loads((tmp_path / "history.json").read_text(encoding="utf-8")) == [1]
+
+
+def test_a_users_own_tmp_file_is_never_touched(tmp_path):
+    (tmp_path / "hyp.en.tmp").write_text("my notes", encoding="utf-8")
+    runs.atomic_write_text(tmp_path / "hyp.en", "a translation\n")
+    assert (tmp_path / "hyp.en.tmp").read_text(encoding="utf-8") == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.en", "hyp.en.tmp"]
+
+
+def test_the_temporary_file_is_created_exclusively_even_when_its_name_was_guessed(tmp_path, monkeypatch):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    names = iter(["guessed", "fresh"])
+    monkeypatch.setattr(runs.secrets, "token_hex", lambda n: next(names))
+    (tmp_path / ".out.txt.guessed.tmp").symlink_to(victim)  # an attacker who guessed the first name
+    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "new"
+    assert (tmp_path / ".out.txt.guessed.tmp").is_symlink()
+
+
+def test_the_written_file_has_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0o600
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
+def test_a_target_that_is_a_link_or_not_a_regular_file_is_refused_not_replaced(tmp_path, kind):
+    target, victim = tmp_path / "out.txt", tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    if kind == "link":
+        target.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    message = {"link": "is a symbolic link", "fifo": "is a FIFO, not a regular file",
+               "folder": "is a folder, not a regular file"}[kind]
+    with pytest.raises(ValueError, match=message) as error:
+        runs.atomic_write_text(target, "new")
+    assert "\n" not in str(error.value) and str(target) in str(error.value)
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert target.is_symlink() if kind == "link" else not target.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "victim.txt"]  # no temporary file left
 
 
 # ---- checkpoints are data ----
@@ -180,6 +237,50 @@ def test_bad_checkpoint_files_give_one_line(tmp_path, content, message):
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
 
+def checksummed(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    model = tl.Transformer(tl.TransformerConfig(**CFG))
+    checkpoint = {"config": dict(CFG), "model": model.state_dict(), "extra": {}}
+    checkpoint["checksum"] = runs.weights_checksum(checkpoint)
+    return checkpoint
+
+
+def test_the_weights_checksum_is_deterministic_and_sees_every_name_dtype_shape_and_byte():
+    checkpoint = checksummed()
+    digest = checkpoint["checksum"]
+    assert len(digest) == 64 and digest == checksummed()["checksum"]  # the same weights: the same sha256
+    assert digest != checksummed(seed=1)["checksum"]
+    weights = checkpoint["model"]
+    name = "encoder.layers.0.feed_forward.linear1.weight"
+    variants = {
+        "a flipped byte": {**weights, name: weights[name].clone().view(torch.int32).bitwise_xor(1 << 7).view(torch.float32)},
+        "another dtype": {**weights, name: weights[name].double()},
+        "another shape": {**weights, name: weights[name].reshape(-1)},
+        "another name": {("x" + k if k == name else k): v for k, v in weights.items()},
+    }
+    for what, model in variants.items():
+        assert runs.weights_checksum({"config": CFG, "model": model}) != digest, what
+    assert runs.weights_checksum({"config": {**CFG, "n_heads": 8}, "model": weights}) != digest
+
+
+def test_a_checkpoint_whose_weights_or_config_changed_since_it_was_written_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint = checksummed()
+    runs.check_checkpoint(checkpoint, path, ("config", "model"))  # intact
+    checkpoint["config"]["n_heads"] = 8  # edited from 4 to 8 heads
+    with pytest.raises(runs.CheckpointError, match="weights or config changed since the file was written") as error:
+        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+    checkpoint = checksummed()
+    name = "decoder.layers.1.feed_forward.linear2.bias"
+    checkpoint["model"][name] = checkpoint["model"][name].clone()
+    checkpoint["model"][name][3] += 1e-6  # flipped bits in one weight
+    with pytest.raises(runs.CheckpointError, match="changed since"):
+        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    del checkpoint["checksum"]  # files written before checksums: loaded as before
+    runs.check_checkpoint(checkpoint, path, ("config", "model"))
+
+
 # ---- a diverged run stops ----
 
 
@@ -219,6 +320,15 @@ def test_a_nan_loss_is_noticed_at_the_next_settle_and_named_by_the_step_where_it
     assert calls["n"] == 10  # it ran on to the settle point, and not further
     assert load_checkpoint(path)["state"]["step"] == 5
     assert "not to be trusted" in str(error.value)
+
+
+def test_the_divergence_message_says_a_checkpoint_was_kept_only_when_one_exists(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    message = str(runs.diverged(3, "loss", float("nan"), path))
+    assert "no checkpoint was written before it" in message and "keeps" not in message
+    path.write_bytes(b"a checkpoint")
+    assert f"{path} keeps the last checkpoint written before it" in str(runs.diverged(3, "loss", float("nan"), path))
+    assert "keeps" not in str(runs.diverged(3, "loss", float("nan"), None))
 
 
 def test_a_non_finite_gradient_stops_training_even_without_clipping():
@@ -277,6 +387,25 @@ def test_a_run_killed_between_log_entries_resumes_with_the_same_means(tmp_path, 
     assert state.running_steps == 2  # steps 4 and 5, not yet logged
     resumed = train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, state=state, progress=False)
     assert resumed.history == straight.history
+
+
+SIGTERM_SCRIPT = """
+import os, signal
+from transformer_lib import runs
+before = signal.getsignal(signal.SIGTERM)
+with runs.interrupt_guard() as interrupt:
+    os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` or a cluster's scheduler would
+    for _ in range(1000):  # the handler runs between bytecodes of the main thread
+        if interrupt.requested:
+            break
+print("requested" if interrupt.requested else "not requested", signal.getsignal(signal.SIGTERM) is before)
+"""
+
+
+def test_sigterm_is_handled_like_ctrl_c():
+    result = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"killed by signal {-result.returncode}" if result.returncode < 0 else result.stderr
+    assert result.stdout.split() == ["requested", "True"]  # and the previous handler is back afterwards
 
 
 # ---- mixed precision by compute capability ----
@@ -348,6 +477,58 @@ def test_a_setting_without_a_rule_keeps_its_type():
         runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": 3}}), preset)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model": {"d_model": 10**9, "n_heads": 1}}, r"model.d_model must be at most 65536, got 1000000000"),
+        ({"model": {"d_ff": 10**12}}, r"model.d_ff must be at most 1048576"),
+        ({"model": {"n_layers": 5000}}, r"model.n_layers must be at most 1024"),
+        ({"training": {"vocab_size": 10**9}}, r"training.vocab_size must be at most 1048576"),
+        ({"model": {"max_len": 10**8}}, r"model.max_len must be at most 1048576"),
+        ({"model": {"d_model": 16384, "n_heads": 16, "n_layers": 64, "d_ff": 65536}},
+         r"would have about \d\.\de\+11 parameters.*at most 1e\+10"),
+    ],
+)
+def test_huge_model_sizes_are_refused_with_the_bound_and_its_reason(overrides, message):
+    with pytest.raises(ValueError, match=message) as error:
+        settings_with(overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_the_parameter_estimate_behind_the_bound_is_close_to_the_true_count():
+    model = dict(d_model=64, n_heads=4, n_layers=3, d_ff=256, max_len=50, positional="learned")
+    estimate = runs.estimate_parameters(model, vocab_size=300)
+    cfg = tl.TransformerConfig(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=True, tie_embeddings=True,
+                               **model)
+    true = sum(p.numel() for p in tl.Transformer(cfg).parameters())
+    # The estimate leaves out biases and LayerNorms: per layer about 9 d_model + d_ff of 4 d_model^2 + 2 d_model d_ff
+    # in the encoder (and more of both in the decoder), under 2% here.
+    assert 0.98 * true <= estimate <= true
+
+
+def test_a_deeply_nested_config_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ValueError, match="nested too deeply") as error:
+        runs.read_settings_file(path)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"de": "Ein Hund.", "en": "A dog."', r"line 2 is not valid JSON \(line 1, column"),
+        ('["Ein Hund.", "A dog."]', "line 2 is not a JSON object"),
+    ],
+)
+def test_a_malformed_data_line_is_named(tmp_path, line, message):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"de": "Zwei Katzen.", "en": "Two cats."}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as error:
+        runs.check_data_file(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
 # ---- run folders ----
 
 
@@ -355,10 +536,12 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
     runs.check_run_folder(tmp_path / "new", resume=False, overwrite=False)  # a new folder is fine
     (tmp_path / "run").mkdir()
     runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)  # so is an empty one
-    (tmp_path / "run" / "tokenizer.json").write_text("{}")
-    with pytest.raises(FileExistsError, match=r"already holds a run \(tokenizer.json\); continue it with resume"):
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"a run")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(checkpoint.pt\); continue it with resume"):
         runs.check_run_folder(tmp_path / "run", resume=False, overwrite=False)
     runs.check_run_folder(tmp_path / "run", resume=False, overwrite=True)
+    runs.check_run_folder(tmp_path / "run", resume=True, overwrite=False)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
     with pytest.raises(FileNotFoundError, match="resume needs .*checkpoint.pt"):
         runs.check_run_folder(tmp_path / "run", resume=True, overwrite=False)
     with pytest.raises(ValueError, match="choose one"):
@@ -368,6 +551,76 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
         runs.check_run_folder(tmp_path / "file", resume=False, overwrite=True)
     runs.start_run_folder(tmp_path / "run", overwrite=True)
     assert list((tmp_path / "run").iterdir()) == []
+
+
+HOLD_SCRIPT = """
+import sys
+from transformer_lib import runs
+with runs.lock_run_folder(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()  # hold the lock until the test closes stdin (or kills this process)
+"""
+
+
+def hold_lock(folder: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(folder)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert process.stdout.readline() == "locked\n"
+    return process
+
+
+def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_lock_is_stale(tmp_path):
+    folder = tmp_path / "run"
+    holder = hold_lock(folder)
+    try:
+        with pytest.raises(runs.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
+            with runs.lock_run_folder(folder):
+                pass
+        assert "\n" not in str(error.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding the lock: the kernel releases it, the file stays
+        holder.wait()
+        holder.stdout.close()
+        holder.stdin.close()
+    assert (folder / runs.LOCK_FILE).exists()
+    with runs.lock_run_folder(folder):  # the stale lock is no obstacle
+        assert (folder / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    assert list(folder.iterdir()) == []  # the lock file goes; the folder existed before, so it stays
+    with runs.lock_run_folder(tmp_path / "new"):
+        assert (tmp_path / "new").is_dir()
+    assert not (tmp_path / "new").exists()  # created by the lock and still empty: a failed start leaves nothing
+
+
+def test_the_lock_is_reentrant_and_clears_what_a_dead_writer_left(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".checkpoint.pt.0123abcd.tmp").write_bytes(b"half a checkpoint of a killed run")
+    (folder / "checkpoint.pt.tmp").write_bytes(b"the user's own file")
+    with runs.lock_run_folder(folder):
+        with runs.lock_run_folder(folder / "."):  # a notebook re-running a cell in the same process
+            pass
+        assert (folder / runs.LOCK_FILE).exists()  # still held by the outer block
+        holder = subprocess.run([sys.executable, "-c", HOLD_SCRIPT, str(folder)], input="", capture_output=True,
+                                text=True, cwd=ROOT)
+        assert holder.returncode == 1 and f"is in use by process {os.getpid()}" in holder.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt.tmp"]  # the folder existed before: it stays
+
+
+def test_a_failed_start_is_not_called_a_run_and_both_messages_lead_out_of_the_folder(tmp_path):
+    # A start that failed after writing tokenizer.json, before its first checkpoint: once, plain train called the
+    # folder "a run" and sent the user to resume, and resume said there was no checkpoint: a circle.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").write_text("{}")
+    messages = []
+    for resume in (False, True):
+        with pytest.raises((FileExistsError, FileNotFoundError)) as error:
+            runs.check_run_folder(run, resume=resume, overwrite=False)
+        messages.append(str(error.value))
+    for message in messages:
+        assert "already holds a run" not in message and "continue it with resume" not in message
+        assert "tokenizer.json but no checkpoint.pt" in message and "overwrite (--overwrite)" in message
+    runs.check_run_folder(run, resume=False, overwrite=True)  # the way out that both name
 
 
 # ---- the model refuses shapes it would silently broadcast ----

@@ -6,23 +6,31 @@ Imports are at the top: `python -m transformer_lib` imports the package, and wit
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from transformer_lib.distributed import TorchrunProcess, launched_by_torchrun
+from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
+from transformer_lib.embedding import SPECIAL_TOKENS
 from transformer_lib.runs import (
+    LOCK_FILE,
+    RUN_FILES,
+    CheckpointError,
     DivergedError,
     atomic_write_text,
+    check_replaceable,
     check_run_folder,
+    lock_run_folder,
     merge_settings,
     read_settings_file,
+    read_run_record,
     read_text,
     validate_settings,
 )
-from transformer_lib.training import load_checkpoint
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.translation import PRESETS, load_translator, train_translator, translate
@@ -61,6 +69,19 @@ def _positive(value: str) -> int:
     return number
 
 
+def _run_folder(value: str) -> Path:
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder name, got {value!r}")  # Path('') is the current folder
+    return Path(value)
+
+
+def _corpus_config(value: str) -> str:
+    # The name becomes a file name, $TRANSFORMER_LIB_DATA/opus_books/{value}.jsonl: no separators, no '..'
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", value):
+        raise argparse.ArgumentTypeError(f"expected a language pair as the Hub names it, like 'en-it', got {value!r}")
+    return value
+
+
 def _beam(value: str) -> int:
     number = _positive(value)
     if number > MAX_BEAM:
@@ -88,14 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", choices=sorted(PRESETS), help="model and training sizes (default: multi30k)")
     train.add_argument("--config", type=_existing_file, help='JSON file overriding the preset: {"model": {...}, "training": {...}}')
     train.add_argument("--corpus", choices=sorted(CORPORA), help="default: multi30k")
-    train.add_argument("--corpus-config", help="opus_books language pair as the Hub names it, e.g. en-it")
+    train.add_argument("--corpus-config", type=_corpus_config, help="opus_books language pair as the Hub names it, e.g. en-it")
     train.add_argument("--src", help="source language (default: de)")
     train.add_argument("--tgt", help="target language (default: en)")
     length = train.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps")
     length.add_argument("--epochs", type=_positive, help="stop after this many passes over the data")
     train.add_argument("--train-limit", type=_positive, help="use only the first N training pairs (quick runs)")
-    train.add_argument("--out", type=Path, required=True, help="run folder for checkpoint, tokenizer and history")
+    train.add_argument("--out", type=_run_folder, required=True, help="run folder for checkpoint, tokenizer and history")
     train.add_argument("--resume", action="store_true",
                        help="continue the run saved in --out, with its saved settings, data and seed")
     train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
@@ -136,17 +157,49 @@ def _refuse_empty(sentences: list[str], where: str) -> None:
     for number, sentence in enumerate(sentences, 1):
         if not sentence.strip():
             raise ValueError(f"{where} {number} is empty; there is nothing to translate, so give text or remove it")
+    _refuse_special_tokens(sentences, where)
+
+
+def _refuse_special_tokens(sentences: list[str], where: str, numbers: list[int] | None = None) -> None:
+    """The tokenizer reads the text of a special token (<eos>, <pad>, ...) as that token: refuse it, naming the line.
+
+    Refused rather than escaped: escaping would change what translate() feeds the tokenizer (chapter 8's code), and
+    a sentence of a translation corpus holds such text only by mistake.
+    """
+    for number, sentence in zip(numbers or range(1, len(sentences) + 1), sentences):
+        for token in SPECIAL_TOKENS:
+            if token in sentence:
+                label = where.format(number) if "{}" in where else f"{where} {number}"
+                raise ValueError(f"{label} contains {token!r}, the text of a special token, which the "
+                                 f"tokenizer would read as that control token, not as text; remove or rewrite it")
+
+
+def _checkpoint_file(checkpoint: Path) -> Path:
+    """The checkpoint.pt that --checkpoint names (a run folder or the file itself)."""
+    return checkpoint / "checkpoint.pt" if checkpoint.is_dir() else checkpoint
 
 
 def _load(checkpoint: Path):
     if not checkpoint.exists():
         raise FileNotFoundError(f"--checkpoint {str(checkpoint)!r} does not exist; give a run folder written by "
                                 f"`train` or the checkpoint.pt inside it")
+    path = _checkpoint_file(checkpoint)
     try:
         return load_translator(checkpoint)
     except KeyError as error:
         raise ValueError(f"{checkpoint} is a checkpoint without {error} (a chapter 7 model?); translate and evaluate "
                          f"need a run folder written by `python -m transformer_lib train`") from None
+    except TypeError as error:  # TransformerConfig(**config) given a key it does not know
+        if "TransformerConfig" not in str(error):
+            raise
+        raise CheckpointError(f"{path}: its config does not fit this version of transformer_lib ({error}); use a "
+                              f"checkpoint written by this version, or the version that wrote it") from None
+    except RuntimeError as error:  # load_state_dict: missing, unexpected or mis-shaped weights
+        if "state_dict" not in str(error):
+            raise
+        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        raise CheckpointError(f"{path}: its weights do not fit its config ({details[0] if details else error}); the "
+                              f"file was edited or damaged: use another copy or train again") from None
 
 
 def _train_settings(args: argparse.Namespace) -> tuple[dict | None, str]:
@@ -167,21 +220,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides, preset = None, "multi30k"
     else:
         overrides, preset = _train_settings(args)
-    check_run_folder(args.out, args.resume, args.overwrite)
-    process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
-    try:
-        summary = train_translator(
-            args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
-            corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
-            epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
-            compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
-            process=process,
-        )
-        if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
-            return 0
-    finally:
-        if process is not None:
-            process.close()  # leave the process group, after the others are done
+    if args.corpus_config is not None and (args.corpus or "multi30k") != "opus_books":
+        raise UsageError(f"--corpus-config {args.corpus_config!r} names an opus_books pair, and "
+                         f"{args.corpus or 'multi30k'} has no configs; drop it, or add --corpus opus_books")
+    if args.resume:  # resume needs a checkpoint: say so before the lock creates the folder
+        check_run_folder(args.out, args.resume, args.overwrite)
+    # One training per folder: the main process (rank 0 under torchrun, which stops the others when it fails) locks
+    # it before anything is read or written, so that a second `train`, even with --overwrite, stops at once.
+    held = lock_run_folder(args.out) if launch_info().rank == 0 else nullcontext()
+    with held:
+        check_run_folder(args.out, args.resume, args.overwrite)
+        if args.resume:
+            read_run_record(args.out / "checkpoint.pt")  # a file train_translator wrote, or one line saying not
+        process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
+        try:
+            summary = train_translator(
+                args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
+                corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
+                epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
+                compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
+                process=process,
+            )
+        finally:
+            if process is not None:
+                process.close()  # leave the process group, after the others are done
+    if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
+        return 0
     last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
@@ -196,12 +260,16 @@ def _stdin_sentences() -> list[str]:
         line = data[: error.start].count(b"\n") + 1
         raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
                          f"convert it, e.g. with `iconv -f latin1 -t utf-8`") from None
-    lines = [line.strip() for line in text.splitlines()]
+    # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
+    # and give more translations than sentences.
+    lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []
     skipped = [str(number) for number, line in enumerate(lines, 1) if not line]
     if skipped and len(skipped) < len(lines):
         print(f"note: skipped {len(skipped)} empty line{'s' if len(skipped) > 1 else ''} of standard input "
               f"(line {', '.join(skipped[:10])}{', ...' if len(skipped) > 10 else ''})", file=sys.stderr)
-    return [line for line in lines if line]
+    kept = [(number, line) for number, line in enumerate(lines, 1) if line]
+    _refuse_special_tokens([line for _, line in kept], "line {} of standard input", [number for number, _ in kept])
+    return [line for _, line in kept]
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -219,16 +287,28 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _check_save_hyp(args: argparse.Namespace) -> None:
-    """--save-hyp must not be a folder or one of the input files, which it would overwrite."""
+    """--save-hyp must be a new or regular file, and not an input, the checkpoint or a file of its run folder."""
     if args.save_hyp is None:
         return
-    if args.save_hyp.is_dir():
-        raise ValueError(f"--save-hyp {str(args.save_hyp)!r} is a folder; give a file name for the translations")
+    target = args.save_hyp
+    if target.is_dir() and not target.is_symlink():
+        raise ValueError(f"--save-hyp {str(target)!r} is a folder; give a file name for the translations")
+    check_replaceable(target, "--save-hyp")  # a link (to /dev/stdout, say) or a FIFO is refused, not replaced
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"--save-hyp {str(target)!r} is in a folder that does not exist; create "
+                                f"{str(target.parent)!r} first")
     for flag in ("src_file", "ref_file", "hyp_file"):
         given = getattr(args, flag)
-        if given is not None and args.save_hyp.exists() and args.save_hyp.samefile(given):
-            raise ValueError(f"--save-hyp {str(args.save_hyp)!r} is the --{flag.replace('_', '-')} and would be "
+        if given is not None and target.exists() and target.samefile(given):
+            raise ValueError(f"--save-hyp {str(target)!r} is the --{flag.replace('_', '-')} and would be "
                              f"overwritten; give another file name for the translations")
+    if args.checkpoint is not None:
+        checkpoint = _checkpoint_file(args.checkpoint)
+        run = {(checkpoint.parent.resolve() / name) for name in (*RUN_FILES, LOCK_FILE)}
+        if (target.parent.resolve() / target.name) in run | {checkpoint.resolve()} or (
+                target.exists() and checkpoint.exists() and target.samefile(checkpoint)):
+            raise ValueError(f"--save-hyp {str(target)!r} is a file of the run being evaluated "
+                             f"({checkpoint.parent}) and would be overwritten; give another file name")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -242,14 +322,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise UsageError("give --checkpoint with --split or with --src-file/--ref-file, or --hyp-file with --ref-file")
         if bool(args.split) == bool(args.src_file):
             raise UsageError("give either --split or --src-file (with --ref-file), not both and not neither")
+        if args.split and args.ref_file:
+            raise UsageError("--split scores the corpus's own references, so --ref-file would be ignored; drop it, "
+                             "or give --src-file with --ref-file instead of --split")
         if args.src_file and not args.ref_file:
             raise UsageError("--src-file needs --ref-file")
         if args.split:
+            if not args.checkpoint.exists():
+                _load(args.checkpoint)  # the one-line message for a missing checkpoint
+            run = read_run_record(_checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
             model, tokenizer = _load(args.checkpoint)
-            path = args.checkpoint / "checkpoint.pt" if args.checkpoint.is_dir() else args.checkpoint
-            run = load_checkpoint(path)["extra"].get("run")
-            if run is None:
-                raise ValueError(f"{path} does not say which corpus it was trained on; use --src-file and --ref-file")
             pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
         else:

@@ -1,24 +1,30 @@
 """Safe run folders, settings and checkpoints (hand-written: plumbing the chapters call in one line each).
 
-- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target, flushed to disk (fsync)
-  and renamed over it with os.replace, so that a crash or Ctrl-C leaves either the old file or the new one,
-  never half of one.
+- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target under a new random name
+  (created exclusively, never through a link), flushed to disk (fsync) and renamed over it with os.replace, so that
+  a crash or Ctrl-C leaves either the old file or the new one, never half of one. A target that is a link or not a
+  regular file is refused (`check_replaceable`): nothing is written through a link this module did not create.
 - `merge_settings`, `validate_settings`: a run's settings checked in one place; an unknown key is refused with the
   closest valid name, a bad value with the key, the value and what is allowed.
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it.
-- `checkpoint_errors`, `check_checkpoint`: a corrupt or foreign checkpoint gives one clear line, not a traceback.
-- `interrupt_guard`, `diverged`: Ctrl-C ends a training step cleanly; a non-finite loss stops the run.
+- `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel.
+- `checkpoint_errors`, `check_checkpoint`, `weights_checksum`: a corrupt or foreign checkpoint, or one whose weights
+  no longer match their checksum, gives one clear line, not a traceback.
+- `interrupt_guard`, `diverged`: Ctrl-C or SIGTERM ends a training step cleanly; a non-finite loss stops the run.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import inspect
 import json
 import math
 import os
 import pickle
+import secrets
 import signal
+import stat
 import threading
 import warnings
 import zipfile
@@ -26,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+import torch
 
 RUN_FILES = ("checkpoint.pt", "tokenizer.json", "history.json")
 
@@ -44,15 +52,58 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def check_replaceable(path: str | Path, what: str = "file") -> Path:
+    """Refuse a target that an atomic write would wrongly replace: a symbolic link, or anything but a regular file.
+
+    A rename replaces a link by a regular file (a link to /dev/stdout would stop being one) and a FIFO by a file no
+    reader waits on; writing through the link instead would write where the link's owner chose. So neither is done.
+    """
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode  # lstat: the link itself, not what it points to
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"{what} {str(path)!r} is a symbolic link (to {os.readlink(path)!r}); it is never written "
+                         f"through or replaced: give the path of a regular file, or remove the link")
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "special")
+        raise ValueError(f"{what} {str(path)!r} is {kind}, not a regular file; expected a regular file or a new name")
+    return path
+
+
+# O_EXCL creates the file or fails, and never follows a link (even a dangling one) at that name; O_NOFOLLOW too.
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty file beside path with an unguessable name (.NAME.RANDOM.tmp), created by this call alone."""
+    for _ in range(100):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temporary, _EXCLUSIVE, 0o666), temporary  # 0o666 less the umask, as open() would
+        except FileExistsError:
+            continue  # taken (by chance, or planted): draw another name
+    raise FileExistsError(f"could not create a temporary file beside {path}: 100 random names were taken")
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open path.tmp for writing; on success flush, fsync and os.replace it onto path; on failure remove it."""
+    """Write a new temporary file beside path; on success flush, fsync and os.replace it onto path; else remove it.
+
+    The temporary file is created exclusively under a random name, so no link planted in the folder is followed and
+    no file of the user's (such as path.tmp) is touched. A path that is a link or not a regular file is refused.
+    """
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")  # same folder, so that os.replace is a rename, not a copy
+    path = check_replaceable(path)
+    descriptor, temporary = _create_temporary(path)  # same folder, so that os.replace is a rename, not a copy
     try:
-        with open(temporary, mode, encoding=encoding if mode == "w" else None) as file:
+        with os.fdopen(descriptor, mode, encoding=encoding if mode == "w" else None) as file:
             yield file
             file.flush()
             os.fsync(file.fileno())
@@ -125,6 +176,22 @@ RULES: dict[str, dict[str, tuple]] = {
 }
 
 
+SIZE_BOUNDS = {  # generous: the paper's big model has d_model 1024, d_ff 4096 and 6 layers, a vocabulary of 37000
+    "model": {"d_model": 2**16, "d_ff": 2**20, "n_layers": 1024, "max_len": 2**20},
+    "training": {"vocab_size": 2**20},
+}
+MAX_PARAMETERS = 10**10
+
+
+def estimate_parameters(model: dict, vocab_size: int) -> int:
+    """About how many numbers a translator of these settings holds (without biases and LayerNorms, under 2%)."""
+    d, d_ff, layers = model["d_model"], model["d_ff"], model["n_layers"]
+    embeddings = (vocab_size + 2 * model.get("max_len", 0)) * d  # one shared, tied token table; two position tables
+    encoder_layer = 4 * d * d + 2 * d * d_ff  # self-attention's W^Q, W^K, W^V, W^O; the feed-forward network
+    decoder_layer = 8 * d * d + 2 * d * d_ff  # self- and cross-attention; the feed-forward network
+    return embeddings + layers * (encoder_layer + decoder_layer)
+
+
 def _suggest(name: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if c.startswith(name)]
     return f"did you mean {close[0]!r}? " if close else ""
@@ -167,7 +234,20 @@ def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
                 allowed = f"a {type(default).__name__} like its default {default!r}"
             if test is not None and not test(value):
                 raise ValueError(f"setting {part}.{key} must be {allowed}, got {value!r}")
+    for part, values in settings.items():
+        for key, value in values.items():
+            bound = SIZE_BOUNDS.get(part, {}).get(key)
+            if bound is not None and value > bound:
+                raise ValueError(f"setting {part}.{key} must be at most {bound}, got {value} (the bounds are far "
+                                 f"above any model this book trains; they stop a typo from exhausting memory)")
     model, training = settings.get("model", {}), settings.get("training", {})
+    if {"d_model", "n_layers", "d_ff"} <= set(model):
+        parameters = estimate_parameters(model, training.get("vocab_size", 0))
+        if parameters > MAX_PARAMETERS:
+            raise ValueError(f"settings model.d_model={model['d_model']}, n_layers={model['n_layers']} and "
+                             f"d_ff={model['d_ff']} would have about {parameters:.1e} parameters, and training "
+                             f"keeps 16 bytes of each (weights, gradient, Adam's two moments): at most "
+                             f"{MAX_PARAMETERS:.0e} parameters (160 GB, more than one GPU holds) are allowed")
     if "d_model" in model and "n_heads" in model and model["d_model"] % model["n_heads"]:
         raise ValueError(f"setting model.d_model must be divisible by model.n_heads, got d_model={model['d_model']} "
                          f"and n_heads={model['n_heads']}")
@@ -182,6 +262,9 @@ def read_settings_file(path: str | Path) -> Any:
     text = read_text(path, "--config")
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"--config {str(path)!r} is nested too deeply to read; expected an object of two levels, "
+                         f'like {{"training": {{"epochs": 5}}}}') from None
     except json.JSONDecodeError as error:
         raise ValueError(f"--config {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: "
                          f"{error.msg}); fix the file, e.g. check it with `python -m json.tool {path}`") from None
@@ -204,9 +287,23 @@ def read_text(path: str | Path, what: str) -> str:
 
 def check_data_file(path: str | Path) -> Path:
     """A local corpus file must be UTF-8 text with at least one line: say so, naming it, before datasets fails."""
-    if not read_text(path, "data file").strip():
+    text = read_text(path, "data file")
+    if not text.strip():
         raise ValueError(f"data file {str(path)!r} is empty; expected one JSON object per line, with a string for "
                          f"each language")
+    for number, line in enumerate(text.split("\n"), 1):  # datasets' own error would be a long traceback
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as error:
+            where = f" (line 1, column {error.colno}: {error.msg})" if isinstance(error, json.JSONDecodeError) else ""
+            raise ValueError(f"data file {str(path)!r}: line {number} is not valid JSON{where}; expected one JSON "
+                             f"object per line, with a string for each language: fix or remove that line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"data file {str(path)!r}: line {number} is not a JSON object but "
+                             f"{type(row).__name__} {line.strip()[:60]!r}; expected one object per line, with a "
+                             f"string for each language")
     return Path(path)
 
 
@@ -221,11 +318,18 @@ def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder for checkpoint.pt, "
                                  f"tokenizer.json and history.json (a new one, or a run to resume)")
-    if resume and not (out / "checkpoint.pt").is_file():
-        raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; start a new run there "
-                                f"without resume")
+    # A run is a folder with a checkpoint. Other run files without one are what a start that failed before its
+    # first checkpoint leaves: nothing to resume, so both messages below point to overwrite, never to each other.
     existing = [name for name in RUN_FILES if (out / name).exists()]
+    leftovers = (f"{out} holds {' and '.join(existing)} but no checkpoint.pt: a start that stopped before its first "
+                 f"checkpoint left {'them' if len(existing) > 1 else 'it'}, and there is no run to resume; replace "
+                 f"{'them' if len(existing) > 1 else 'it'} with overwrite (--overwrite), or choose another folder")
+    if resume and not (out / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; " + (
+            leftovers if existing else "start a new run there without resume"))
     if existing and not resume and not overwrite:
+        if "checkpoint.pt" not in existing:
+            raise FileExistsError(leftovers)
         raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}); continue it with resume "
                               f"(--resume), replace it with overwrite (--overwrite), or choose another folder")
     return out
@@ -250,6 +354,90 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
     return out
+
+
+LOCK_FILE = ".lock"  # inside the run folder; holds the pid of the process that trains there
+
+try:
+    import fcntl  # POSIX; Windows has no flock, and there run folders are not locked
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+_held: dict[Path, list] = {}  # run folder -> [lock file descriptor, depth]: the folders this process holds
+
+
+class RunFolderInUseError(OSError):
+    """Another process trains in this run folder."""
+
+
+def _take_lock(out: Path) -> int:
+    """The descriptor of out's lock file, locked by this process, or RunFolderInUseError naming the holder."""
+    lock = out / LOCK_FILE
+    while True:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it when its process dies
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(descriptor)
+            raise RunFolderInUseError(f"the run folder {str(out)!r} is in use by process {holder} (it holds "
+                                      f"{lock}); wait until that run ends, or choose another folder") from None
+        try:
+            same = os.path.samestat(os.fstat(descriptor), os.lstat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:  # else the holder removed the file between our open and our lock: try again on the new one
+            break
+        os.close(descriptor)
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
+    return descriptor
+
+
+@contextmanager
+def lock_run_folder(out_dir: str | Path) -> Iterator[Path]:
+    """Hold the run folder (creating it) so that no second process trains there at the same time.
+
+    A second process fails at once with RunFolderInUseError naming the folder and the holder's pid. The lock is an
+    flock on out_dir/.lock, which the kernel releases when its process dies, so a killed run leaves no stale lock.
+    The same process may enter again (a notebook re-running a cell). On entry, temporary files that a killed
+    writer left (.checkpoint.pt.RANDOM.tmp, ...) are removed; on exit, the lock file goes, and so does the folder if
+    this call created it and it is still empty. Without fcntl (Windows) the folder is created but not locked.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    key = out.resolve()
+    if fcntl is None or key in _held:
+        if key in _held:
+            _held[key][1] += 1
+        try:
+            yield out
+        finally:
+            if key in _held:
+                _held[key][1] -= 1
+        return
+    descriptor = _take_lock(out)
+    _held[key] = [descriptor, 1]
+    for name in RUN_FILES:  # only a dead writer's: a live one would hold the lock
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+    try:
+        yield out
+    finally:
+        if _held[key][1] == 1:
+            del _held[key]
+            (out / LOCK_FILE).unlink(missing_ok=True)  # removed while still locked, then released
+            os.close(descriptor)
+            if created:
+                try:
+                    out.rmdir()  # only if empty: a start that failed before writing anything leaves no folder
+                except OSError:
+                    pass
+        else:
+            _held[key][1] -= 1
 
 
 # ---- checkpoints ----
@@ -287,7 +475,60 @@ def check_checkpoint(checkpoint: Any, path: str | Path, keys: tuple[str, ...]) -
     if missing:
         raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it lacks {', '.join(map(repr, missing))}; "
                               f"use a file written by save_checkpoint")
+    if "checksum" in checkpoint and checkpoint["checksum"] != _checksum_or_none(checkpoint):  # older files lack one
+        raise CheckpointError(f"{path} fails its checksum: its weights or config changed since the file was written "
+                              f"(damaged on disk, or edited); use another copy or train again")
     return checkpoint
+
+
+RUN_RECORD_KEYS = ("corpus", "src_lang", "tgt_lang", "corpus_config", "seed", "train_limit", "preset", "overrides",
+                   "settings")
+
+
+def read_run_record(path: str | Path) -> dict:
+    """The "extra" of a checkpoint written by train_translator, read without loading its weights (mmap).
+
+    It must hold the run record (what train_translator resumes and `evaluate --split` scores) and the tokenizer;
+    else one CheckpointError naming the file, instead of a KeyError deep in the training code.
+    """
+    with checkpoint_errors(path):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    extra = check_checkpoint(checkpoint, path, ("config", "model", "extra"))["extra"]
+    run = extra.get("run") if isinstance(extra, dict) else None
+    lacks = []
+    if not isinstance(run, dict):
+        lacks.append("no run record")
+    elif any(key not in run for key in RUN_RECORD_KEYS):
+        lacks.append(f"a run record without {', '.join(repr(k) for k in RUN_RECORD_KEYS if k not in run)}")
+    if not isinstance(extra, dict) or not isinstance(extra.get("tokenizer"), str):
+        lacks.append("no tokenizer")
+    if lacks:
+        raise CheckpointError(f"{path} holds {' and '.join(lacks)}: it was not written by train_translator (chapter "
+                              f"7's train writes such files); resuming and --split need a run folder written by "
+                              f"`python -m transformer_lib train`")
+    return extra
+
+
+def weights_checksum(checkpoint: dict) -> str:
+    """sha256 of checkpoint["config"] and of every tensor of checkpoint["model"]: name, dtype, shape and bytes.
+
+    Deterministic (names in sorted order, the config as sorted JSON, the bytes read on the CPU), so a file's weights
+    can be checked against the sum save_checkpoint stored beside them: a flipped bit or an edited config shows.
+    """
+    digest = hashlib.sha256(json.dumps(checkpoint["config"], sort_keys=True, default=repr).encode("utf-8"))
+    for name in sorted(checkpoint["model"]):
+        tensor = checkpoint["model"][name].detach().cpu().contiguous()
+        digest.update(f"\n{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode("utf-8"))
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bytes, whatever the dtype
+    return digest.hexdigest()
+
+
+def _checksum_or_none(checkpoint: dict) -> str | None:
+    """The checksum of a checkpoint, or None when its config or weights are not what save_checkpoint writes."""
+    try:
+        return weights_checksum(checkpoint)
+    except (AttributeError, KeyError, TypeError, RuntimeError):
+        return None
 
 
 # ---- stopping a run ----
@@ -299,7 +540,11 @@ class DivergedError(FloatingPointError):
 
 def diverged(step: int, what: str, value: Any, checkpoint_path: str | Path | None) -> DivergedError:
     """The error that stops a diverged run: what became non-finite, where, and what to do."""
-    kept = f"{checkpoint_path} keeps the last checkpoint written before it; " if checkpoint_path else ""
+    kept = ""  # no file to speak of (no checkpoints asked for, or not the process that writes them)
+    if checkpoint_path and Path(checkpoint_path).is_file():
+        kept = f"{checkpoint_path} keeps the last checkpoint written before it; "
+    elif checkpoint_path:
+        kept = f"no checkpoint was written before it, so {checkpoint_path} does not exist; "
     return DivergedError(
         f"training diverged at step {step}: the {what} is {float(value)}, so the weights in memory are not to be "
         f"trusted. {kept}"
@@ -316,11 +561,16 @@ class _Interrupt:
         self.requested = True
 
 
+# Ctrl-C, and the polite stop that `kill PID`, systemd and cluster schedulers send before SIGKILL (POSIX only).
+_STOP_SIGNALS = (signal.SIGINT, *((signal.SIGTERM,) if os.name == "posix" else ()))
+
+
 @contextmanager
 def interrupt_guard() -> Iterator[_Interrupt]:
-    """While active, Ctrl-C (SIGINT) sets .requested instead of raising, so the loop can finish its step and save.
+    """While active, Ctrl-C (SIGINT) or SIGTERM sets .requested instead of stopping, so the loop can finish its step
+    and save.
 
-    A second Ctrl-C raises at once. Outside the main thread, and under torchrun (where processes would stop at
+    A second signal raises KeyboardInterrupt at once. Outside the main thread, and under torchrun (where processes would stop at
     different steps), Ctrl-C raises as usual and .requested stays False.
     """
     from transformer_lib.distributed import world_size
@@ -329,8 +579,9 @@ def interrupt_guard() -> Iterator[_Interrupt]:
     if threading.current_thread() is not threading.main_thread() or world_size() > 1:
         yield interrupt
         return
-    previous = signal.signal(signal.SIGINT, interrupt.handle)
+    previous = {number: signal.signal(number, interrupt.handle) for number in _STOP_SIGNALS}
     try:
         yield interrupt
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
