@@ -676,3 +676,21 @@ def test_ctrl_c_during_the_last_save_lets_it_finish(tmp_path, monkeypatch):
         train(model, copy_batches, optimizer, scheduler, max_steps=3, checkpoint_path=path, progress=False)
     monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(path)["state"]["step"] == 3
+
+
+def test_a_checkpoint_whose_weights_changed_on_disk_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    train(model, copy_batches, optimizer, scheduler, max_steps=2, checkpoint_path=path, progress=False)
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["checksum"] == runs.weights_checksum(checkpoint)
+    checkpoint["model"]["generator.weight"][0, 0] += 1e-3  # a few flipped bits
+    torch.save(checkpoint, path)
+    with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+        load_checkpoint(path)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    checkpoint["model"]["generator.weight"][0, 0] -= 1e-3
+    checkpoint["config"]["n_heads"] = 8  # a config edited by hand
+    torch.save(checkpoint, path)
+    with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+        load_checkpoint(path)
