@@ -364,3 +364,78 @@ def test_a_checkpoint_without_its_run_record_is_one_line(tmp_path, capsys, comma
     code, _, err = run_main(capsys, *command, str(run))
     line = one_error_line(err)
     assert code == 1 and "holds no run record" in line and str(run / "checkpoint.pt") in line
+
+
+# ---- choosing the preset and the device; decoding options; empty translations; memory ----
+
+
+def test_without_a_gpu_and_without_a_preset_the_cpu_preset_is_chosen_and_said(tmp_path):
+    if not (DATA / "multi30k" / "train.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    run = tmp_path / "run"
+    result = cli("train", "--train-limit", "300", "--max-steps", "2", "--out", str(run), "--no-progress",
+                 "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "note: no GPU here (cpu), so the preset is multi30k-cpu" in result.stderr
+    from transformer_lib.runs import read_run_record
+
+    assert read_run_record(run / "checkpoint.pt")["run"]["preset"] == "multi30k-cpu"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "--out", "x", "--device", "tpu"], "expected a device such as cpu, cuda or cuda:1, got 'tpu'"),
+    (["translate", "--checkpoint", "x", "--alpha", "-1", "a"], "length penalty exponent from 0 (none) to 10"),
+    (["translate", "--checkpoint", "x", "--max-len", "0", "a"], "expected a positive integer, got '0'"),
+    (["evaluate", "--checkpoint", "x", "--split", "test", "--alpha", "inf"], "got 'inf'"),
+])
+def test_device_and_decoding_options_are_checked_where_they_enter(args, message):
+    result = cli(*args, data=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_empty_translations_are_kept_in_place_and_named_in_a_warning(monkeypatch, capsys):
+    from transformer_lib import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, **options: ["a dog", "", " "])
+    model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
+    args = cli_module.build_parser().parse_args(["translate", "--checkpoint", "x", "--beam", "2"])
+    assert cli_module._translate(model, None, ["x", "y", "z"], args) == ["a dog", "", " "]
+    err = capsys.readouterr().err
+    assert "warning: 2 of 3 translations are empty (sentence 2, 3)" in err and err.count("\n") == 1
+
+
+def test_a_max_len_beyond_the_models_positions_is_one_line(capsys):
+    from transformer_lib import cli as cli_module
+
+    model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
+    args = cli_module.build_parser().parse_args(["translate", "--checkpoint", "x", "--max-len", "200"])
+    with pytest.raises(ValueError, match=r"--max-len 200 is more than this model's positions allow: at most 127"):
+        cli_module._translate(model, None, ["x"], args)
+
+
+def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(monkeypatch):
+    import torch
+
+    from transformer_lib import cli as cli_module
+    from transformer_lib.translation import PRESETS
+
+    cli_module.check_fits_in_memory(PRESETS["tiny"], torch.device("cpu"), "tiny")  # fits: returns quietly
+    steps = []
+    real_forward = cli_module.Transformer.forward
+
+    def watched(self, src, tgt, *rest, **kw):
+        steps.append((tuple(src.shape), tuple(tgt.shape)))
+        return real_forward(self, src, tgt, *rest, **kw)
+
+    monkeypatch.setattr(cli_module.Transformer, "forward", watched)
+    cli_module.check_fits_in_memory(PRESETS["tiny"], torch.device("cpu"), "tiny")
+    training, length = PRESETS["tiny"]["training"], PRESETS["tiny"]["model"]["max_len"]
+    assert steps == [((training["max_tokens"] // length, length), (training["max_tokens"] // length, length))]
+
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(cli_module.Transformer, "forward", out_of_memory)
+    with pytest.raises(ValueError, match=r"preset base does not fit the memory of cpu: one training step on its "
+                                         r"largest batch \(97 sentences of 256 tokens, max_tokens=25000\)"):
+        cli_module.check_fits_in_memory(PRESETS["base"], torch.device("cpu"), "base")

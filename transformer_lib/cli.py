@@ -33,6 +33,8 @@ from transformer_lib.runs import (
 )
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
 from transformer_lib.scoring import corpus_scores
+from transformer_lib.model import Transformer, TransformerConfig
+from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
 from transformer_lib.translation import PRESETS, load_translator, train_translator, translate
 
 MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
@@ -82,6 +84,31 @@ def _corpus_config(value: str) -> str:
     return value
 
 
+def _alpha(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0.0 <= number <= 10.0:  # (also refuses nan and inf)
+        raise argparse.ArgumentTypeError(f"expected a length penalty exponent from 0 (none) to 10, got {value!r}")
+    return number
+
+
+def _device(value: str) -> torch.device:
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got {value!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{value!r}: this machine has no CUDA GPU that torch can use")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{value!r}: this machine has {torch.cuda.device_count()} GPU(s), "
+                                         f"numbered from 0")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise argparse.ArgumentTypeError(f"{value!r}: Apple's MPS is not available here")
+    return device
+
+
 def _beam(value: str) -> int:
     number = _positive(value)
     if number > MAX_BEAM:
@@ -106,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,translate,evaluate}")
 
     train = commands.add_parser("train", parents=[debug], help="train a translator and save checkpoint.pt, tokenizer.json, history.json")
-    train.add_argument("--preset", choices=sorted(PRESETS), help="model and training sizes (default: multi30k)")
+    train.add_argument("--preset", choices=sorted(PRESETS),
+                       help="model and training sizes (default: multi30k on a GPU, multi30k-cpu without one)")
     train.add_argument("--config", type=_existing_file, help='JSON file overriding the preset: {"model": {...}, "training": {...}}')
     train.add_argument("--corpus", choices=sorted(CORPORA), help="default: multi30k")
     train.add_argument("--corpus-config", type=_corpus_config, help="opus_books language pair as the Hub names it, e.g. en-it")
@@ -122,14 +150,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
     train.add_argument("--seed", type=int, help="default: 0")
+    train.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     translate = commands.add_parser("translate", parents=[debug], help="translate sentences given as arguments or on standard input")
     translate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
     translate.add_argument("--beam", type=_beam, default=4, help=f"beam size from 1 (greedy search) to {MAX_BEAM} (default: %(default)s)")
+    evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
+    for command in (translate, evaluate):  # how translate() decodes, and where
+        command.add_argument("--alpha", type=_alpha, default=0.6,
+                             help="length penalty exponent of beam search, 0 for none (default: %(default)s)")
+        command.add_argument("--max-len", type=_positive,
+                             help="at most this many tokens per translation (default: the source's length + 50)")
+        command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
 
-    evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
     evaluate.add_argument("--checkpoint", type=Path, help="checkpoint.pt or the run folder holding it")
     evaluate.add_argument("--split", choices=SPLITS, help="score the checkpoint's own corpus split")
     evaluate.add_argument("--src-file", type=_existing_file, help="source sentences, one per line")
@@ -179,13 +214,13 @@ def _checkpoint_file(checkpoint: Path) -> Path:
     return checkpoint / "checkpoint.pt" if checkpoint.is_dir() else checkpoint
 
 
-def _load(checkpoint: Path):
+def _load(checkpoint: Path, device: torch.device | None = None):
     if not checkpoint.exists():
         raise FileNotFoundError(f"--checkpoint {str(checkpoint)!r} does not exist; give a run folder written by "
                                 f"`train` or the checkpoint.pt inside it")
     path = _checkpoint_file(checkpoint)
     try:
-        return load_translator(checkpoint)
+        return load_translator(checkpoint, device)
     except KeyError as error:
         raise ValueError(f"{checkpoint} is a checkpoint without {error} (a chapter 7 model?); translate and evaluate "
                          f"need a run folder written by `python -m transformer_lib train`") from None
@@ -202,12 +237,68 @@ def _load(checkpoint: Path):
                               f"file was edited or damaged: use another copy or train again") from None
 
 
-def _train_settings(args: argparse.Namespace) -> tuple[dict | None, str]:
-    """The --config overrides and the preset, checked before anything is written."""
-    preset = args.preset or "multi30k"
+class _OnDevice(SingleProcess):
+    """One process that trains on the device --device names, instead of the best there is."""
+
+    def __init__(self, device: torch.device):
+        self._device = device
+
+    def device(self) -> torch.device:
+        return self._device
+
+
+def _default_preset(device: torch.device) -> str:
+    """multi30k on a GPU; multi30k-cpu, said in one line, where training would run on the CPU."""
+    if device.type == "cuda":
+        return "multi30k"
+    print(f"note: no GPU here ({device.type}), so the preset is multi30k-cpu, sized for a laptop CPU; name "
+          f"--preset multi30k for the GPU's", file=sys.stderr)
+    return "multi30k-cpu"
+
+
+def check_fits_in_memory(settings: dict, device: torch.device, preset: str) -> None:
+    """One training step on the largest batch the settings allow, before training: one line if it does not fit.
+
+    Token-budget batches hold at most max_tokens tokens a side, and the costliest of them, for attention's
+    length-squared scores, is the one of the longest sentences: max_tokens // max_len sentences of max_len tokens.
+    A throwaway model of the same size takes one step on it (Adam's moments included); an out-of-memory error here
+    costs a second instead of a traceback after the data and the tokenizer are ready.
+    """
+    model_settings, training = settings["model"], settings["training"]
+    length = model_settings["max_len"]
+    rows = max(1, training["max_tokens"] // length)
+    vocab = training["vocab_size"]
+    try:
+        model = Transformer(TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, share_embeddings=True,
+                                              tie_embeddings=True, **model_settings)).to(device)
+        optimizer, _ = make_optimizer(model, model.cfg.d_model)
+        src = torch.randint(4, vocab, (rows, length), device=device)
+        decoder_input, labels = teacher_forcing_pair(torch.randint(4, vocab, (rows, length + 1), device=device))
+        amp = autocast_dtype(device)
+        with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
+            loss = translation_loss(model(src, decoder_input).float(), labels, 0)
+        loss.backward()
+        optimizer.step()
+    except torch.OutOfMemoryError:
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
+        memory = f"the {total:.1f} GiB of {torch.cuda.get_device_name(device)}" if total else f"the memory of {device}"
+        raise ValueError(
+            f"preset {preset} does not fit {memory}: one training step on its largest batch ({rows} sentences of "
+            f"{length} tokens, max_tokens={training['max_tokens']}) ran out of memory; lower max_tokens with --config, "
+            f'e.g. {{"training": {{"max_tokens": {training["max_tokens"] // 2}}}}}') from None
+    finally:
+        model = optimizer = src = decoder_input = labels = loss = None  # noqa: F841 (free it before training)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _train_settings(args: argparse.Namespace, device: torch.device) -> tuple[dict | None, str, dict]:
+    """The --config overrides, the preset and the settings they make, checked before anything is written."""
+    preset = args.preset or _default_preset(device)
     overrides = read_settings_file(args.config) if args.config else None
-    validate_settings(merge_settings(PRESETS[preset], overrides, source=f"--config {args.config}"), PRESETS[preset])
-    return overrides, preset
+    settings = validate_settings(merge_settings(PRESETS[preset], overrides, source=f"--config {args.config}"),
+                                 PRESETS[preset])
+    return overrides, preset, settings
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -218,8 +309,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"{', '.join(given)} would be ignored; drop {'them' if len(given) > 1 else 'it'}, or start "
                              f"a new run (another --out, or --overwrite)")
         overrides, preset = None, "multi30k"
-    else:
-        overrides, preset = _train_settings(args)
+    if launched_by_torchrun() and args.device is not None:
+        raise UsageError("under torchrun each process trains on the GPU of its LOCAL_RANK, so --device would be "
+                         "ignored; drop it")
+    device = args.device or SingleProcess().device()  # (under torchrun: a GPU, when there is one)
+    if not args.resume:
+        overrides, preset, settings = _train_settings(args, device)
     if args.corpus_config is not None and (args.corpus or "multi30k") != "opus_books":
         raise UsageError(f"--corpus-config {args.corpus_config!r} names an opus_books pair, and "
                          f"{args.corpus or 'multi30k'} has no configs; drop it, or add --corpus opus_books")
@@ -232,7 +327,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_folder(args.out, args.resume, args.overwrite)
         if args.resume:
             read_run_record(args.out / "checkpoint.pt")  # a file train_translator wrote, or one line saying not
-        process = TorchrunProcess() if launched_by_torchrun() else None  # None: train_translator's SingleProcess
+        elif device.type == "cuda" and not launched_by_torchrun():
+            check_fits_in_memory(settings, device, preset)  # one line now, not an out-of-memory traceback later
+        if launched_by_torchrun():
+            process = TorchrunProcess()
+        else:  # None: train_translator's SingleProcess, on the best device there is
+            process = _OnDevice(args.device) if args.device is not None else None
         try:
             summary = train_translator(
                 args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
@@ -242,9 +342,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                 process=process,
             )
         finally:
-            if process is not None:
+            if isinstance(process, TorchrunProcess):
                 process.close()  # leave the process group, after the others are done
-    if process is not None and not process.is_main:  # under torchrun, rank 0 speaks for all processes
+    if isinstance(process, TorchrunProcess) and not process.is_main:  # under torchrun, rank 0 speaks for all processes
         return 0
     last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
@@ -280,10 +380,25 @@ def cmd_translate(args: argparse.Namespace) -> int:
         sentences = _stdin_sentences()
     if not sentences:
         raise UsageError("no sentences: give them as arguments or one per line on standard input")
-    model, tokenizer = _load(args.checkpoint)
-    for line in translate(model, tokenizer, sentences, beam_size=args.beam):
-        print(line)
+    model, tokenizer = _load(args.checkpoint, args.device)
+    translations = _translate(model, tokenizer, sentences, args)
+    for line in translations:
+        print(line)  # one line per sentence, empty ones included, so that lines still pair up
     return 0
+
+
+def _translate(model, tokenizer, sentences: list[str], args: argparse.Namespace) -> list[str]:
+    """translate() with the command's decoding options; a warning naming the sentences that came out empty."""
+    if args.max_len is not None and args.max_len > model.cfg.max_len - 1:  # <bos> takes one position
+        raise ValueError(f"--max-len {args.max_len} is more than this model's positions allow: at most "
+                         f"{model.cfg.max_len - 1} tokens (its max_len is {model.cfg.max_len}, one is <bos>)")
+    translations = translate(model, tokenizer, sentences, beam_size=args.beam, max_len=args.max_len, alpha=args.alpha)
+    empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
+        print(f"warning: {len(empty)} of {len(translations)} translations are empty (sentence {shown}): the model "
+              f"ended them at once with <eos>, as an undertrained model often does; train longer", file=sys.stderr)
+    return translations
 
 
 def _check_save_hyp(args: argparse.Namespace) -> None:
@@ -331,7 +446,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if not args.checkpoint.exists():
                 _load(args.checkpoint)  # the one-line message for a missing checkpoint
             run = read_run_record(_checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
-            model, tokenizer = _load(args.checkpoint)
+            model, tokenizer = _load(args.checkpoint, args.device)
             pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
         else:
@@ -340,8 +455,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if len(sources) != len(references):
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")
-            model, tokenizer = _load(args.checkpoint)
-        hypotheses = translate(model, tokenizer, sources, beam_size=args.beam)
+            model, tokenizer = _load(args.checkpoint, args.device)
+        hypotheses = _translate(model, tokenizer, sources, args)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
                          f"line by line")
