@@ -2,11 +2,13 @@
 
 Skipped, with the reason, where Chromium or the built book is missing; .ci/run installs Debian's chromium, builds the
 book, then runs this file. Where neither MathJax's CDN nor a local MathJax (TRANSFORMER_BOOK_MATHJAX) can be had, a
-page with maths fails at once with that reason instead of waiting for maths that never typesets. Screenshots of every page land in book/_build/screenshots for review.
+page with maths fails at once with that reason instead of waiting for maths that never typesets. With a local MathJax,
+the test lets no request beyond the local files through: it answers the pages' CDN requests from local npm copies
+(tests/offline_cdn.py), MathJax's and, for the interactive figures, Vega's (TRANSFORMER_BOOK_VEGA). Screenshots of
+every page land in book/_build/screenshots for review.
 """
 
 import functools
-import mimetypes
 import os
 import shutil
 import sys
@@ -41,6 +43,7 @@ def mathjax_missing() -> str | None:
 
 sys.path.insert(0, str(ROOT / "tools"))
 import colab  # noqa: E402
+import offline_cdn  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
@@ -66,24 +69,21 @@ def browser():
         browser.close()
 
 
-def serve_mathjax(route):
-    path = Path(MATHJAX) / route.request.url[len(CDN) :].split("?")[0]
-    if path.is_file():
-        route.fulfill(path=str(path), content_type=mimetypes.guess_type(path.name)[0] or "application/javascript")
-    else:
-        route.abort()
-
-
 @pytest.mark.parametrize("name", pages())
 def test_page_as_a_reader_sees_it(browser, name):
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    if MATHJAX:
-        page.route("http*://**", lambda route: route.abort())  # no internet here: fail fast, never hang
-        page.route(CDN + "**", serve_mathjax)  # registered last, so it is tried first
+    refused: list[str] = []
+    if MATHJAX:  # no internet here: answer from the local copies, refuse the rest (fail fast, never hang)
+        offline_cdn.serve_locally(page, [], refused)
     response = page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
     assert response is None or response.ok
+    if page.locator('[id^="altair-viz-"]').count():  # an interactive figure (CONTRIBUTING.md, 'Interactive figures')
+        if MATHJAX and not offline_cdn.VEGA:
+            pytest.fail("this page has an interactive figure and TRANSFORMER_BOOK_VEGA is not set: point it at local "
+                        "copies of vega, vega-lite and vega-embed (.ci/run shows how, with `npm pack`)")
+        page.locator('[id^="altair-viz-"] svg').first.wait_for(timeout=30_000)
     assert "Transformer, Piece by Piece" in page.title()
 
     if page.locator(".math").count():
@@ -125,4 +125,5 @@ def test_page_as_a_reader_sees_it(browser, name):
     # redeclare a constant. The book does not use Thebe (no live kernels), so that error alone is tolerated.
     errors = [e for e in errors if "'THEBE_JS_URL' has already been declared" not in e]
     assert not errors, f"JavaScript errors: {errors}"
+    assert not refused, f"requests with no local copy to answer them: {refused}"
     page.close()
