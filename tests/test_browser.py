@@ -2,13 +2,14 @@
 
 Skipped, with the reason and the fix, where Chromium or the built book is missing, and where no MathJax can be had:
 neither a local one (TRANSFORMER_BOOK_MATHJAX, or one fetched once with npm into book/_build/mathjax) nor MathJax's
-CDN. Every page is also checked for its layout at a desktop (1280 px) and a phone (390 px) width: the page never
+CDN. With local copies the test lets no request beyond the local files through: it answers the pages' CDN requests
+from npm's packages (tests/offline_cdn.py), MathJax's and, for the interactive figures, Vega's
+(TRANSFORMER_BOOK_VEGA, or fetched once with npm into book/_build/vega). Every page is also checked for its layout at a desktop (1280 px) and a phone (390 px) width: the page never
 scrolls sideways, and whatever is wider than the column (code, printed output, equations, tables) scrolls inside
 its own box. Screenshots of every page land in book/_build/screenshots for review.
 """
 
 import functools
-import mimetypes
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ SHOTS = ROOT / "book" / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
 FETCHED = ROOT / "book" / "_build" / "mathjax"  # where npm's MathJax is unpacked once, beside the build
+FETCHED_VEGA = ROOT / "book" / "_build" / "vega"  # and Vega, Vega-Lite and Vega-Embed
 MATHJAX_FIX = ("export TRANSFORMER_BOOK_MATHJAX=$(mkdir -p /tmp/mj && cd /tmp/mj && npm pack --silent mathjax@3 && "
                "tar xzf mathjax-*.tgz && pwd)/package")
 
@@ -53,6 +55,39 @@ def local_mathjax() -> str | None:
     return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
 
 
+def _npm_unpack(spec: str, folder: Path, name: str) -> None:
+    """npm pack SPEC in folder, unpacked into folder/name (npm's tarballs hold one folder, package/)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["npm", "pack", "--silent", spec], cwd=folder, check=True, timeout=180, capture_output=True)
+    tarball = max(folder.glob(f"{spec.split('@')[0].replace('/', '-')}-*.tgz"), key=lambda p: p.stat().st_mtime)
+    with tarfile.open(tarball) as archive:
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12 and later: refuse links and absolute paths
+            archive.extractall(folder / f".{name}", filter="data")
+        else:
+            archive.extractall(folder / f".{name}")  # noqa: S202 (npm's own tarball)
+    (folder / f".{name}" / "package").rename(folder / name)
+
+
+@functools.cache
+def local_vega() -> str | None:
+    """A folder holding vega/, vega-lite/ and vega-embed/ in the versions the installed Altair loads:
+    TRANSFORMER_BOOK_VEGA, else copies fetched earlier or now with npm, else None."""
+    if os.environ.get("TRANSFORMER_BOOK_VEGA"):
+        return os.environ["TRANSFORMER_BOOK_VEGA"]
+    names = ("vega", "vega-lite", "vega-embed")
+    if not all((FETCHED_VEGA / name / "package.json").is_file() for name in names) and shutil.which("npm"):
+        try:
+            import altair
+
+            versions = (altair.VEGA_VERSION, altair.VEGALITE_VERSION, altair.VEGAEMBED_VERSION)
+            for name, version in zip(names, versions):
+                if not (FETCHED_VEGA / name / "package.json").is_file():
+                    _npm_unpack(f"{name}@{version.lstrip('v')}", FETCHED_VEGA, name)
+        except (ImportError, OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
+            return None
+    return str(FETCHED_VEGA) if all((FETCHED_VEGA / name / "package.json").is_file() for name in names) else None
+
+
 @functools.cache
 def mathjax_missing() -> str | None:
     """Why the maths cannot be checked here, with the one-line fix, or None."""
@@ -67,7 +102,17 @@ def mathjax_missing() -> str | None:
 
 
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))
 import colab  # noqa: E402
+import offline_cdn  # noqa: E402
+
+
+def serve_offline(page) -> list[str]:
+    """Answer the page's CDN requests from the local copies and refuse every other request; the refused, listed."""
+    offline_cdn.MATHJAX, offline_cdn.VEGA = local_mathjax(), local_vega()
+    refused: list[str] = []
+    offline_cdn.serve_locally(page, [], refused)
+    return refused
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
@@ -93,14 +138,6 @@ def browser():
         browser.close()
 
 
-def serve_mathjax(route):
-    path = Path(local_mathjax()) / route.request.url[len(CDN) :].split("?")[0]
-    if path.is_file():
-        route.fulfill(path=str(path), content_type=mimetypes.guess_type(path.name)[0] or "application/javascript")
-    else:
-        route.abort()
-
-
 def page_has_maths(name: str) -> bool:
     return 'class="math' in (HTML / f"{name}.html").read_text(encoding="utf-8")
 
@@ -112,11 +149,14 @@ def test_page_as_a_reader_sees_it(browser, name):
     page.on("pageerror", lambda error: errors.append(str(error)))
     if page_has_maths(name) and mathjax_missing():
         pytest.skip(mathjax_missing())
-    if local_mathjax():
-        page.route("http*://**", lambda route: route.abort())  # no internet here: fail fast, never hang
-        page.route(CDN + "**", serve_mathjax)  # registered last, so it is tried first
+    refused = serve_offline(page) if local_mathjax() else []  # no internet here: fail fast, never hang
     response = page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
     assert response is None or response.ok
+    if page.locator('[id^="altair-viz-"]').count():  # an interactive figure (CONTRIBUTING.md, 'Interactive figures')
+        if local_mathjax() and not local_vega():
+            pytest.skip("this page has an interactive figure, and no local Vega: set TRANSFORMER_BOOK_VEGA to copies "
+                        "of vega, vega-lite and vega-embed fetched with `npm pack` (.ci/run shows how)")
+        page.locator('[id^="altair-viz-"] svg').first.wait_for(timeout=30_000)
     assert "Transformer, Piece by Piece" in page.title()
 
     if page.locator(".math").count():
@@ -156,6 +196,7 @@ def test_page_as_a_reader_sees_it(browser, name):
     # redeclare a constant. The book does not use Thebe (no live kernels), so that error alone is tolerated.
     errors = [e for e in errors if "'THEBE_JS_URL' has already been declared" not in e]
     assert not errors, f"JavaScript errors: {errors}"
+    assert not refused, f"requests with no local copy to answer them: {refused}"
     page.close()
 
 
@@ -197,8 +238,7 @@ def test_layout_fits_at_desktop_and_phone_width(browser, name, width):
         pytest.skip(mathjax_missing())
     page = browser.new_page(viewport={"width": width, "height": 1000})
     if local_mathjax():
-        page.route("http*://**", lambda route: route.abort())
-        page.route(CDN + "**", serve_mathjax)
+        serve_offline(page)
     page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
     if page.locator(".math").count():  # display equations have their width once MathJax has typeset them
         page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)

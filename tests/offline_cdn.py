@@ -1,0 +1,67 @@
+"""Serve the JavaScript that the built pages load from jsDelivr out of local npm packages (a helper, not a test).
+
+The pages load MathJax (every page with maths) and Vega, Vega-Lite and Vega-Embed (the interactive figures) from
+https://cdn.jsdelivr.net/npm/NAME@VERSION[/PATH]. Where the CDN cannot be reached, the browser tests point two
+environment variables at copies fetched with `npm pack` (.ci/run shows how) and answer those requests from them:
+
+- TRANSFORMER_BOOK_MATHJAX: the mathjax package (its es5/ folder inside);
+- TRANSFORMER_BOOK_VEGA: a folder holding the packages vega/, vega-lite/ and vega-embed/, each with its
+  package.json. A URL without a path (Altair writes `vega@6?noext`) gets the package's `jsdelivr` entry, as the CDN
+  does. The version asked for must match the local package's (`6` matches 6.4.0, `6.4.1` only 6.4.1).
+
+CONTRIBUTING.md, 'Interactive figures' says where the pages get this JavaScript.
+"""
+
+import json
+import mimetypes
+import os
+from pathlib import Path
+
+CDN = "https://cdn.jsdelivr.net/npm/"
+MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
+VEGA = os.environ.get("TRANSFORMER_BOOK_VEGA")
+VEGA_PACKAGES = ("vega", "vega-lite", "vega-embed")
+
+
+def package_folder(name: str) -> Path | None:
+    """The local copy of the npm package NAME, or None where there is none."""
+    if name == "mathjax" and MATHJAX:
+        return Path(MATHJAX)
+    if name in VEGA_PACKAGES and VEGA:
+        return Path(VEGA) / name
+    return None
+
+
+def local_file(url: str) -> Path:
+    """The local file that answers a jsDelivr URL; ValueError, saying why, where there is none."""
+    if not url.startswith(CDN):
+        raise ValueError(f"{url} is not on {CDN}")
+    spec, _, path = url[len(CDN) :].split("?")[0].partition("/")
+    name, _, version = spec.partition("@")
+    folder = package_folder(name)
+    if folder is None:
+        raise ValueError(f"no local copy of the npm package {name!r} (TRANSFORMER_BOOK_MATHJAX, TRANSFORMER_BOOK_VEGA)")
+    meta = json.loads((folder / "package.json").read_text(encoding="utf-8"))
+    if version and meta["version"] != version and not meta["version"].startswith(version + "."):
+        raise ValueError(f"{url} asks for {name}@{version}, the local copy in {folder} is {meta['version']}")
+    file = folder / (path or meta.get("jsdelivr") or meta.get("main") or "index.js")
+    if not file.is_file():
+        raise ValueError(f"{url}: {file} does not exist")
+    return file
+
+
+def serve_locally(page, served: list[str], refused: list[str]) -> None:
+    """Answer every http(s) request of the page from the local copies; abort, and note in refused, any other."""
+
+    def answer(route):
+        url = route.request.url
+        try:
+            file = local_file(url)
+        except ValueError as why:
+            refused.append(f"{url} ({why})")
+            route.abort()
+            return
+        served.append(url)
+        route.fulfill(path=str(file), content_type=mimetypes.guess_type(file.name)[0] or "application/javascript")
+
+    page.route(lambda url: url.startswith(("http://", "https://")), answer)
