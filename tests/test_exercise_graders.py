@@ -56,41 +56,74 @@ def bpe_segment_by_rank(word, merges):  # repeatedly merge the present pair with
         symbols = out
 
 
-def token_embedding(ids, weight):
-    vocab_size, d_model = weight.shape
-    return F.one_hot(ids, num_classes=vocab_size).to(weight.dtype) @ weight * math.sqrt(d_model)
+def ids_from_embeddings(vectors, weight):  # undo the scale, then the nearest row by Euclidean distance
+    rows = (vectors / math.sqrt(weight.size(1))).reshape(-1, weight.size(1))  # (N, d_model)
+    return torch.cdist(rows, weight).argmin(dim=-1).view(vectors.shape[:-1])
 
 
-def token_embedding_by_indexing(ids, weight):
-    return weight[ids] * weight.size(1) ** 0.5
+def ids_from_embeddings_by_expansion(vectors, weight):  # |x - w|^2 = |x|^2 - 2 x.w + |w|^2, |x|^2 the same for all w
+    scores = vectors @ weight.T / math.sqrt(weight.size(1)) - 0.5 * (weight * weight).sum(dim=-1)
+    return scores.argmax(dim=-1)
 
 
-def sinusoidal_float64(max_len, d_model):
-    pos = torch.arange(max_len, dtype=torch.float64)
-    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    angle = torch.outer(pos, omega)
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(max_len, d_model).float()
-
-
-def sinusoidal_float32(max_len, d_model):  # the exp/log form, float32 all the way
-    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
-    div = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(pos * div)
-    pe[:, 1::2] = torch.cos(pos * div)
+def sinusoidal_log_space(positions, d_model):  # float32 all the way, frequencies as exp(-(2i/d) ln 10000)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
+    omega = torch.exp(-(two_i / d_model) * math.log(10000.0))  # (d_model/2,)
+    angle = positions.float()[..., None] * omega  # (..., d_model/2)
+    pe = torch.empty(*positions.shape, d_model)
+    pe[..., 0::2] = angle.sin()
+    pe[..., 1::2] = angle.cos()
     return pe
+
+
+def sinusoidal_float64(positions, d_model):  # the power form in float64, stacked and flattened
+    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angle = positions.double().unsqueeze(-1) * omega
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()
 
 
 def attention(q, k, v, mask=None, divisor=None, dim=-1, fill=float("-inf"), invert=False):
     scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if divisor is None else divisor(q.size(-1)))
     if mask is not None:
         scores = scores.masked_fill(mask if invert else ~mask, fill)
-    weights = torch.softmax(scores, dim=dim)
+    weights = torch.softmax(scores, dim=dim).nan_to_num(0.0)  # a row with no allowed key: 0/0 -> 0
     return weights @ v, weights
 
 
-def attention_large_negative(q, k, v, mask=None):  # -1e9 instead of -inf: the same weights in float32
-    return attention(q, k, v, mask, fill=-1e9)
+def attention_additive_bias(q, k, v, mask=None):  # a finite bias, then masked weights set to 0 after the softmax
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + torch.where(mask, 0.0, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask
+    return weights @ v, weights
+
+
+def attention_bias_not_zeroed(q, k, v, mask=None):  # -1e9 added and nothing else: empty rows come out uniform
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + (~mask).float() * -1e9
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def attention_output_not_zeroed(q, k, v, mask=None):  # weights zeroed, output computed before that
+    output, weights = attention_bias_not_zeroed(q, k, v, mask)
+    return output, weights if mask is None else weights * mask
+
+
+def _added_mask(q, k, v, mask):  # the boolean mask added as 0/1 instead of turned into a bias
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + mask.float(), dim=-1)
+    return weights @ v, weights
+
+
+def attention_nan_rows(q, k, v, mask=None):  # -inf and no repair: 0/0 on a row with no allowed key
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights @ v, weights
 
 
 def packed_mask(segments):
@@ -295,9 +328,9 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
 
 CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
-    "grade_token_embedding": [token_embedding, token_embedding_by_indexing],
-    "grade_sinusoidal_encoding": [sinusoidal_float64, sinusoidal_float32],
-    "grade_attention": [attention, attention_large_negative],
+    "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
+    "grade_sinusoidal_encoding": [sinusoidal_log_space, sinusoidal_float64],
+    "grade_attention": [attention, attention_additive_bias],
     "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
     "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
     "grade_blockwise_attention": [blockwise],
@@ -334,6 +367,18 @@ def sinusoidal_base_1000(max_len, d_model):
     return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(max_len, d_model).float()
 
 
+def sinusoidal_without_minus(positions, d_model):  # exp(+(2i/d) ln 10000)
+    omega = torch.exp(torch.arange(0, d_model, 2).float() / d_model * math.log(10000.0))
+    angle = positions.float()[..., None] * omega
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+
+
+def _sinusoidal_base(positions, d_model, base):  # frequencies base^(-2i/d_model), in float32
+    omega = torch.pow(torch.tensor(float(base)), -torch.arange(0, d_model, 2).float() / d_model)
+    angle = positions.float()[..., None] * omega
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+
+
 def attention_without_normalising(q, k, v, mask=None):
     weights = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).exp()  # forgot to divide by the row sums
     return weights @ v, weights
@@ -360,41 +405,40 @@ MUTANTS = {
         ("characters only", lambda word, merges: [*word, "</w>"],
          r"case 1 of 7 \(a word of the corpus; .*\): expected \['newest</w>'\], got \['n', 'e', 'w'"),
     ],
-    "grade_token_embedding": [
-        ("not scaled", lambda ids, weight: weight[ids], r"Likely cause: the embeddings are not scaled"),
-        ("times d_model", lambda ids, weight: weight[ids] * weight.size(1), r"Likely cause: .*multiplied by d_model"),
-        ("divided by sqrt", lambda ids, weight: weight[ids] / math.sqrt(weight.size(1)),
-         r"Likely cause: .*divided by sqrt\(d_model\) instead of multiplied"),
-        ("one_hot without num_classes",
-         lambda ids, weight: F.one_hot(ids).float() @ weight * math.sqrt(weight.size(1)),
-         r"ids that use only the first 10 of the table's 40 rows.*your function raised RuntimeError.*\n"
-         r"Likely cause: F\.one_hot\(ids\) without num_classes makes vectors of length ids\.max\(\) \+ 1 = 10"),
-        ("off by a small constant", lambda ids, weight: token_embedding(ids, weight) + 1e-3,
-         r"values differ.*\nEvery value you return is the expected one plus 0\.001"),
-        ("float64", lambda ids, weight: token_embedding(ids, weight).double(),
-         r"expected dtype torch\.float32, got torch\.float64"),
-        ("one-hot vectors only", lambda ids, weight: F.one_hot(ids, weight.size(0)).float(),
-         r"expected shape .*\nLikely cause: the result still has one entry per word of the vocabulary"),
+    "grade_embedding_inverse": [
+        ("largest dot product", lambda vectors, weight: torch.argmax(vectors @ weight.T, dim=-1),
+         r"Likely cause: you picked the row with the largest dot product"),
+        ("scale not undone",
+         lambda vectors, weight: torch.cdist(vectors.reshape(-1, weight.size(1)), weight).argmin(-1).view(
+             vectors.shape[:-1]),
+         r"Likely cause: .*without undoing the sqrt\(d_model\) scale"),
+        ("cosine similarity",
+         lambda vectors, weight: F.normalize(vectors, dim=-1).matmul(F.normalize(weight, dim=-1).T).argmax(-1),
+         r"Likely cause: .*A comparison by direction, such as cosine similarity"),
+        ("float ids", lambda vectors, weight: ids_from_embeddings(vectors, weight).float(),
+         r"expected dtype torch\.int64, got torch\.float32\nIndices are torch\.long"),
+        ("one id per sentence", lambda vectors, weight: ids_from_embeddings(vectors, weight)[..., 0],
+         r"case 1 of 7 .*expected shape \(2, 7\), got \(2,\)"),
     ],
     "grade_sinusoidal_encoding": [
-        ("exponent i/d_model", lambda max_len, d_model: sinusoidal_float64(max_len, 2 * d_model)[:, :d_model],
+        ("positions ignored", lambda positions, d_model: sinusoidal_log_space(
+            torch.arange(positions.numel()).view(positions.shape), d_model),
+         r"the next 4 positions of a decoder.*\nLikely cause: the rows are those of positions 0, 1, 2"),
+        ("log10 instead of ln", lambda positions, d_model: _sinusoidal_base(positions, d_model, math.e**4),
+         r"Likely cause: the logarithm is in base 10"),
+        ("exponent i/d_model", lambda positions, d_model: sinusoidal_float64(positions, 2 * d_model)[..., :d_model],
          r"Likely cause: the exponent is i/d_model instead of 2i/d_model"),
         ("sine and cosine swapped",
-         lambda max_len, d_model: sinusoidal_float64(max_len, d_model)[:, torch.arange(d_model) ^ 1],
+         lambda positions, d_model: sinusoidal_float64(positions, d_model)[..., torch.arange(d_model) ^ 1],
          r"Likely cause: sine and cosine are swapped"),
-        ("sines then cosines",
-         lambda max_len, d_model: torch.cat([sinusoidal_float64(max_len, d_model)[:, 0::2],
-                                             sinusoidal_float64(max_len, d_model)[:, 1::2]], dim=1),
-         r"Likely cause: all sines come first"),
-        ("positions from 1", lambda max_len, d_model: sinusoidal_float64(max_len + 1, d_model)[1:],
-         r"Likely cause: the positions start at 1"),
-        ("exp form without its minus sign", sinusoidal_exp_form_without_minus, r"Likely cause: .*lost its minus sign"),
-        ("base 1000 instead of 10000", sinusoidal_base_1000,
+        ("positions from 1", lambda positions, d_model: sinusoidal_float64(positions + 1, d_model),
+         r"Likely cause: every position is one too far"),
+        ("exp without its minus sign", sinusoidal_without_minus,
+         r"Likely cause: the exponent lost its minus sign"),
+        ("base 1000 instead of 10000", lambda positions, d_model: _sinusoidal_base(positions, d_model, 1000.0),
          r"values differ.*\nDimensions 0 and 1 \(i = 0, frequency 1\) are right, but dimension \d+ \(i = \d+\) is not"),
-        ("float64", lambda max_len, d_model: sinusoidal_float64(max_len, d_model).double(),
+        ("float64", lambda positions, d_model: sinusoidal_float64(positions, d_model).double(),
          r"expected dtype torch\.float32, got torch\.float64"),
-        ("transposed", lambda max_len, d_model: sinusoidal_float64(max_len, d_model).T,
-         r"expected shape \(1, 2\), got \(2, 1\)\nYou have the right sizes in a different order"),
     ],
     "grade_attention": [
         ("divided by d_k", lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: d_k),
@@ -425,6 +469,15 @@ MUTANTS = {
                                                                        attention(q, k, v, mask)[1]),
          r"item 0 \(output\): 80 of 80 values differ.*\nEvery value you return is the expected one plus 0\.001"),
         ("changes q in place", attention_scaling_q_in_place, r"changed its argument 'q' in place"),
+        ("a finite bias, rows with no allowed key left uniform", attention_bias_not_zeroed,
+         r"all padding.*\nLikely cause: a row with no allowed key is left as it is"),
+        ("-inf, rows with no allowed key left NaN", attention_nan_rows,
+         r"your result contains NaN.*\nLikely cause: a row with no allowed key has every score at -inf"),
+        ("weights zeroed after the output was computed", attention_output_not_zeroed,
+         r"item 0 \(output\).*\nLikely cause: the weights of a row with no allowed key are 0, but its output is not"),
+        ("a 0/1 mask added to the scores", lambda q, k, v, mask=None: attention(q, k, v) if mask is None
+         else _added_mask(q, k, v, mask),
+         r"Likely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, which the mask forbids"),
     ],
     "grade_packed_mask": [
         ("sentences ignored", lambda segments: ((segments != 0)[:, None, :] & square(segments.size(1)).tril())[:, None],

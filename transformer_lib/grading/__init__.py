@@ -20,7 +20,7 @@ graders from here, as above.
 
 from collections.abc import Callable
 
-from .ch01_text_to_tensors import grade_bpe_segment, grade_token_embedding
+from .ch01_text_to_tensors import grade_bpe_segment, grade_embedding_inverse
 from .ch02_positional_encoding import grade_sinusoidal_encoding
 from .ch03_attention import grade_attention
 from .ch04_masking import grade_packed_mask
@@ -34,7 +34,7 @@ from .engine import Diagnosis, ExerciseGradeError, grade_against
 # The grader of every coding exercise of the book, by the exercise's label.
 EXERCISE_GRADERS: dict[str, Callable[..., None]] = {
     "ex-text-bpe-segment": grade_bpe_segment,
-    "ex-text-one-hot": grade_token_embedding,
+    "ex-text-embedding-inverse": grade_embedding_inverse,
     "ex-positional-table": grade_sinusoidal_encoding,
     "ex-attention-write": grade_attention,
     "ex-masking-packed": grade_packed_mask,
@@ -56,10 +56,10 @@ __all__ = [
     "grade_average_checkpoints",
     "grade_blockwise_attention",
     "grade_bpe_segment",
+    "grade_embedding_inverse",
     "grade_head_outputs",
     "grade_label_smoothed_loss",
     "grade_packed_mask",
     "grade_parameter_count",
     "grade_sinusoidal_encoding",
-    "grade_token_embedding",
 ]

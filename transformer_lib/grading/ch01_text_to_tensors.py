@@ -1,5 +1,5 @@
-"""The graders of chapter 1's coding exercises (book/01_text_to_tensors.ipynb): segmenting a word with learned BPE
-merges, and the scaled token embedding."""
+"""The graders of chapter 1's coding exercises (book/01_text_to_tensors.ipynb): reading token ids back from their
+scaled embeddings, and segmenting a word with learned BPE merges."""
 
 import math
 from collections.abc import Callable, Mapping
@@ -11,60 +11,71 @@ from torch import Tensor
 from .engine import _generator, _randint, _run
 
 
-def grade_token_embedding(fn: Callable[..., Tensor], seed: int | None = None) -> None:
-    """Check fn(ids, weight) -> scaled embeddings (..., d_model) against TokenEmbedding on fresh random ids."""
-    from transformer_lib.embedding import TokenEmbedding
+def _nearest_rows(vectors: Tensor, weight: Tensor, scale: bool = True) -> Tensor:
+    """The id of the row of weight nearest to each vector (divided by sqrt(d_model) first when scale)."""
+    x = vectors.double() / (math.sqrt(weight.size(1)) if scale else 1.0)  # (..., d_model)
+    distance = (x.unsqueeze(-2) - weight.double()).pow(2).sum(-1)  # (..., 1, d_model) - (V, d_model) -> (..., V)
+    return distance.argmin(dim=-1)  # (..., V) -> (...)
 
+
+def grade_embedding_inverse(fn: Callable[..., Tensor], seed: int | None = None) -> None:
+    """Check fn(vectors, weight) -> the ids (...) whose scaled embeddings weight[ids] * sqrt(d_model) are vectors."""
     g, seed = _generator(seed)
 
-    def reference(ids: Tensor, weight: Tensor) -> Tensor:
-        vocab_size, d_model = weight.shape
-        with torch.random.fork_rng(devices=[]):  # the layer's random initialisation is overwritten below
-            layer = TokenEmbedding(vocab_size, d_model)
-        with torch.no_grad():
-            layer.lookup.weight.copy_(weight)
-            return layer(ids)  # (...) -> (..., d_model)
+    def table(vocab_size: int, d_model: int) -> Tensor:
+        weight = torch.randn(vocab_size, d_model, generator=g) * d_model**-0.5  # rows of length about 1, as in the book
+        weight[0] = 0.0  # the <pad> row
+        return weight
+
+    def case(ids: Tensor, weight: Tensor) -> dict[str, Tensor]:
+        return {"vectors": weight[ids] * math.sqrt(weight.size(1)), "weight": weight}  # (...) -> (..., d_model)
 
     cases = []
-    sizes = [("a single token", (1,), 5, 4), ("a batch of 2 sentences", (2, 7), 50, 16),
-             ("sentences of one token", (3, 1), 11, 8), ("ids with three dimensions", (2, 3, 4), 30, 32),
-             ("a random size", (_randint(1, 4, g), _randint(1, 12, g)), _randint(2, 100, g), _randint(1, 64, g))]
-    for note, shape, vocab_size, d_model in sizes:
-        ids = torch.randint(0, vocab_size, shape, generator=g)
+    for note, shape, vocab_size, d_model in [
+        ("a batch of 2 sentences", (2, 7), 50, 16), ("a single token", (1,), 5, 4),
+        ("ids with three dimensions", (2, 3, 4), 30, 8),
+        ("a random size", (_randint(1, 4, g), _randint(1, 12, g)), _randint(3, 100, g), _randint(2, 64, g)),
+    ]:
+        weight = table(vocab_size, d_model)
+        ids = torch.randint(1, vocab_size, shape, generator=g)
         ids.view(-1)[0] = vocab_size - 1  # the last row of the table is used
-        cases.append((note, {"ids": ids, "weight": torch.randn(vocab_size, d_model, generator=g)}))
-    cases.append(("ids that use only the first 10 of the table's 40 rows",
-                  {"ids": torch.randint(0, 10, (2, 6), generator=g), "weight": torch.randn(40, 9, generator=g)}))
-
-    def lookup(ids: Tensor, weight: Tensor) -> Tensor:
-        return weight[ids]  # (...) -> (..., d_model)
+        cases.append((note, case(ids, weight)))
+    weight = table(12, 8).roll(-1, dims=0)  # the row of zeros moves to id 11
+    cases.append(("a row of zeros (id 11, like a <pad> row) among the ids",
+                  case(torch.tensor([[3, 11, 11], [11, 7, 0]]), weight)))
+    weight = table(20, 8)
+    weight[5] *= 6.0  # one row six times longer than the others
+    cases.append(("a table with one long row (id 5)", case(torch.arange(20).view(4, 5), weight)))
+    weight = table(10, 9)
+    weight[4] = 3.0 * weight[2]  # row 4 = sqrt(d_model) * row 2, so 3 * row 2 is row 4 itself
+    cases.append(("row 4 is 3 = sqrt(d_model) times row 2", case(torch.tensor([2, 4, 2, 1]), weight)))
 
     hints = {
-        "the embeddings are not scaled: multiply them by sqrt(d_model)": lookup,
-        "the embeddings are multiplied by d_model; the paper multiplies them by sqrt(d_model)":
-            lambda ids, weight: lookup(ids, weight) * weight.size(1),
-        "the embeddings are divided by sqrt(d_model) instead of multiplied by it":
-            lambda ids, weight: lookup(ids, weight) / math.sqrt(weight.size(1)),
+        "you picked the row with the largest dot product, the score of the tied output projection `h @ E.T`; a "
+        "longer row can score higher than the token's own row: pick the nearest row (the smallest distance) instead":
+            lambda vectors, weight: (vectors @ weight.T).argmax(dim=-1),
+        "the vectors were compared with the rows without undoing the sqrt(d_model) scale; divide them by "
+        "sqrt(d_model) first": lambda vectors, weight: _nearest_rows(vectors, weight, scale=False),
     }
 
     def diagnose(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
-        if isinstance(received, Tensor) and received.shape[:-1] == case["ids"].shape and (
-            received.size(-1) == case["weight"].size(0) != case["weight"].size(1)
-        ):
-            return ("Likely cause: the result still has one entry per word of the vocabulary (V); multiply the "
-                    "one-hot vectors (..., V) by the table (V, d_model) to get (..., d_model).")
+        if not (isinstance(received, Tensor) and received.shape == expected.shape and received.dtype == torch.long):
+            return None
+        weight, wrong = case["weight"], received != expected
+        if not wrong.any() or not ((received >= 0) & (received < weight.size(0))).all():
+            return None
+        if (case["vectors"][wrong].norm(dim=-1) == 0).any():
+            return ("Likely cause: a vector of zeros (the row of zeros, like <pad>) got another id. A comparison by "
+                    "direction, such as cosine similarity, ignores length, and a vector of zeros has no direction: "
+                    "compare distances.")
+        cos = torch.nn.functional.cosine_similarity(weight[received[wrong]], weight[expected[wrong]], dim=-1)
+        if (cos > 1 - 1e-4).any():
+            return ("Likely cause: the id you return has a row in the same direction as the right one but of another "
+                    "length. A comparison by direction, such as cosine similarity, cannot tell them apart: compare "
+                    "distances.")
         return None
 
-    def explain_crash(case: Mapping[str, Any], error: Exception) -> str | None:
-        ids, weight = case["ids"], case["weight"]
-        if isinstance(error, RuntimeError) and "cannot be multiplied" in str(error) and ids.max() + 1 < weight.size(0):
-            return (f"F.one_hot(ids) without num_classes makes vectors of length ids.max() + 1 = {int(ids.max()) + 1} "
-                    f"here, the largest id it happens to see, not one entry per row of the table "
-                    f"(V = {weight.size(0)}); pass num_classes=weight.size(0).")
-        return None
-
-    _run("grade_token_embedding", fn, reference, cases, seed, hints=hints, diagnose=diagnose,
-         explain_crash=explain_crash)
+    _run("grade_embedding_inverse", fn, _nearest_rows, cases, seed, hints=hints, diagnose=diagnose)
 
 
 END = "</w>"  # the end-of-word marker of the merge loop in chapter 1, as in Sennrich et al. (2016)

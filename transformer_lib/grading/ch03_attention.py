@@ -1,4 +1,5 @@
-"""The named check of chapter 3's coding exercise (book/03_attention.ipynb): scaled dot-product attention."""
+"""The named check of chapter 3's coding exercise (book/03_attention.ipynb): scaled dot-product attention with the
+mask added to the scores as a finite bias, rows with no allowed key included."""
 
 import math
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ def _attention_variant(divisor: Callable[[int], float] = math.sqrt, dim: int = -
         scores = q @ k.transpose(-2, -1) / divisor(q.size(-1))  # (..., T_q, T_k)
         if mask is not None:
             scores = scores.masked_fill(fill(mask), value)
-        weights = torch.softmax(scores, dim=dim)  # (..., T_q, T_k)
+        weights = torch.softmax(scores, dim=dim).nan_to_num(0.0)  # (..., T_q, T_k); a row with no allowed key: 0
         return weights @ v, weights  # (..., T_q, d_v)
 
     return attention
@@ -39,6 +40,15 @@ def _estimate_divisor(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor | None
     return 1.0 / slope.item()
 
 
+def _unhandled_empty_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """A finite bias (or -1e9) and nothing else: a row with no allowed key is left with equal scores, uniform weights."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    if mask is not None:
+        scores = scores + torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (..., T_q, T_k)
+    return weights @ v, weights  # (..., T_q, d_v)
+
+
 def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
     if not (isinstance(received, tuple) and len(received) == 2 and all(isinstance(r, Tensor) for r in received)):
         return None
@@ -46,6 +56,19 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
     if weights.shape != expected[1].shape or not weights.dtype.is_floating_point:
         return None
     mask = case.get("mask")
+    if mask is not None:
+        empty = ~mask.expand(weights.shape).any(dim=-1)  # (..., T_q): rows with no allowed key
+        if empty.any() and (torch.isnan(weights[empty]).any() or torch.isnan(output[empty]).any()):
+            return ("Likely cause: a row with no allowed key has every score at -inf, and the softmax of such a row "
+                    "is 0/0 = NaN. Add a finite bias (`torch.finfo(scores.dtype).min`) instead of -inf, and set the "
+                    "weights of masked keys to 0 after the softmax.")
+        if empty.any() and not torch.allclose(weights[empty], torch.zeros_like(weights[empty]), atol=1e-6):
+            return ("Likely cause: a row with no allowed key must get weights 0 and output 0, as in "
+                    "tl.scaled_dot_product_attention; yours has weights that sum to "
+                    f"{weights[empty].sum(-1).max().item():.3g}. Set the weights of masked keys to 0 after the softmax.")
+        if empty.any() and not torch.allclose(output[empty], torch.zeros_like(output[empty]), atol=1e-6):
+            return ("Likely cause: the weights of a row with no allowed key are 0, but its output is not: compute the "
+                    "output from the corrected weights, `weights @ v`.")
     if mask is not None:
         leak = (weights.abs() > 1e-6) & ~mask.expand(weights.shape)
         if leak.any():
@@ -80,6 +103,11 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
     padding[..., 0] = True  # every query keeps at least one key
     lengths = torch.tensor([5, _randint(1, 5, g)])  # two target sentences, the second padded
     target = (torch.arange(5)[None, :] < lengths[:, None])[:, None, None, :] & torch.ones(5, 5, dtype=torch.bool).tril()
+    empty_sentence = torch.tensor([True, True, _randint(0, 1, g) == 1, False])[None, None, None, :].repeat(2, 1, 1, 1)
+    empty_sentence[1] = False  # (B, 1, 1, T_k): the second sentence has no real token
+    segments = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 2, 0, 0, 0]])  # (B, T): two packed sentences, 0 = padding
+    packed = ((segments[:, :, None] == segments[:, None, :]) & (segments != 0)[:, :, None]
+              & torch.ones(6, 6, dtype=torch.bool).tril())[:, None]  # (B, 1, T, T): a padded query sees nothing
     cases = [
         ("self-attention", {"q": randn(2, 5, 8), "k": randn(2, 5, 8), "v": randn(2, 5, 8)}),
         ("T_q != T_k and d_v != d_k", {"q": randn(2, 3, 16), "k": randn(2, 7, 16), "v": randn(2, 7, 4)}),
@@ -91,6 +119,10 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
          {"q": randn(2, 4, 3, 8), "k": randn(2, 4, 7, 8), "v": randn(2, 4, 7, 5), "mask": padding}),
         ("a decoder mask: padding and causal (B, 1, T, T)",
          {"q": randn(2, 2, 5, 16), "k": randn(2, 2, 5, 16), "v": randn(2, 2, 5, 16), "mask": target}),
+        ("a padding mask whose second sentence is all padding: its queries have no allowed key",
+         {"q": randn(2, 2, 3, 8), "k": randn(2, 2, 4, 8), "v": randn(2, 2, 4, 8), "mask": empty_sentence}),
+        ("packed sentences whose padded queries see no key (B, 1, T, T)",
+         {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 3), "mask": packed}),
     ]
     hints = {
         "the scores are divided by d_k; the paper divides them by sqrt(d_k)": _attention_variant(lambda d_k: d_k),
@@ -103,6 +135,9 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
             _attention_variant(fill=lambda mask: mask),
         "the masked scores are set to 0, which still gives them weight after the softmax: set them to -inf":
             _attention_variant(value=0.0),
+        "a row with no allowed key is left as it is: a finite bias makes all its scores the same number, and the "
+        "softmax of equal scores is uniform, 1/T_k on every key; set the weights of masked keys to 0 after the "
+        "softmax": _unhandled_empty_rows,
         "the pair is in the wrong order: return (output, weights), not (weights, output)":
             lambda q, k, v, mask=None: _attention_variant()(q, k, v, mask)[::-1],
     }
