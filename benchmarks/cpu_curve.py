@@ -28,11 +28,11 @@ from pathlib import Path
 
 
 def write_json(path: Path, report: dict) -> None:
-    """Write the report atomically: a temporary file in the same folder, then os.replace."""
+    """Write the report atomically, never through a link (transformer_lib.runs.atomic_write_text)."""
+    from transformer_lib.runs import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
 
 
 def run(args: argparse.Namespace) -> dict:
