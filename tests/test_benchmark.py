@@ -121,3 +121,13 @@ def test_chapter_8_shows_the_committed_cpu_curve():
     png = ROOT / "book" / "figures" / "cpu_curve.png"
     assert Image.open(png).info.get("Description") == f"report sha256 {cpu_curve.report_sha256(report)}", (
         "redraw it: python benchmarks/cpu_curve.py --plot benchmarks/results/cpu_curve.json --png book/figures/cpu_curve.png")
+
+
+def test_recipe_trial_averages_checkpoints_element_wise():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import recipe_trial
+
+    first, second = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}, {"w": torch.tensor([3.0, 6.0]),
+                                                                                "b": torch.tensor([1.0])}
+    mean = recipe_trial.averaged([first, second])
+    assert torch.equal(mean["w"], torch.tensor([2.0, 4.0])) and torch.equal(mean["b"], torch.tensor([0.5]))

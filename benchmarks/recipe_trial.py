@@ -1,0 +1,135 @@
+"""One recipe trial for the CPU translator, measured on the validation split only (never the test set).
+
+Trains a Multi30k German->English translator with transformer_lib.train_translator (chapter 8's code) for a preset
+with optional overrides, keeps the weights at the end of every epoch, and measures on the validation split:
+greedy BLEU after every epoch (the curve), then, for the final weights and for the average of the last N epochs'
+weights (checkpoint averaging), beam-search BLEU with each length-penalty exponent asked for, with sacreBLEU's
+brevity penalty and length ratio. The report grows as the run goes, so an interrupted trial still leaves its points.
+
+    python benchmarks/recipe_trial.py --preset multi30k-cpu --epochs 10 --average 2 3 4 --alpha 0.6 1.0 \
+        --json benchmarks/results/recipe/multi30k-cpu-10-epochs.json
+
+It is a measurement, run by hand on an otherwise idle machine (minutes depend on the machine and its load, which the
+report records); the recipe for issue 22 is chosen from such reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def averaged(states: list[dict]) -> dict:
+    """The element-wise mean of state dicts of one model (checkpoint averaging, Vaswani et al. section 6.1)."""
+    return {name: sum(state[name].float() for state in states) / len(states) for name in states[0]}
+
+
+def run(args: argparse.Namespace) -> dict:
+    import sacrebleu
+    import torch
+
+    import transformer_lib as tl
+    from transformer_lib import translation
+    from transformer_lib.data import load_pairs
+    from transformer_lib.runs import atomic_write_text, read_settings_file
+    from transformer_lib.scoring import corpus_scores
+
+    overrides = read_settings_file(args.config) if args.config else {}
+    overrides = {"model": dict(overrides.get("model", {})), "training": {**overrides.get("training", {}),
+                                                                         "bleu_every": 1}}
+    report = {
+        "what": "a recipe trial on the validation split of Multi30k de->en (test set never decoded)",
+        "preset": args.preset, "overrides": overrides,
+        "settings": translation.resolve_settings(args.preset, overrides), "epochs": args.epochs,
+        "device": str(tl.get_device()), "cpu": tl.runtime.cpu_name(), "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(), "load_average_at_start": os.getloadavg(), "points": [],
+        "decodes": [],
+    }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        atomic_write_text(out, json.dumps(report, indent=1) + "\n")
+
+    save()
+    trained: dict = {}
+    epoch_states: list[dict] = []
+    real_hook = translation.validation_hook
+
+    def hook_keeping_the_model(model, *hook_args, **hook_kwargs):  # train_translator's own hook, which sees the model
+        trained["model"] = model
+        return real_hook(model, *hook_args, **hook_kwargs)
+
+    def on_record(record: dict) -> None:
+        epoch_states.append({k: v.detach().clone() for k, v in trained["model"].state_dict().items()})
+        report["points"].append(record)
+        report["load_average_now"] = os.getloadavg()
+        save()
+
+    run_dir = Path(tempfile.mkdtemp(prefix="recipe_trial_"))
+    translation.validation_hook = hook_keeping_the_model
+    try:
+        started = time.perf_counter()
+        summary = tl.train_translator(run_dir / "run", preset=args.preset, overrides=overrides, epochs=args.epochs,
+                                      on_record=on_record, progress=not args.no_progress)
+        report["wall_minutes_training_and_validation"] = (time.perf_counter() - started) / 60
+        report["training_minutes"] = report["points"][-1]["minutes"]
+        report["steps"] = summary["steps"]
+        model, tokenizer = translation.load_translator(run_dir / "run", device="cpu")
+        pairs = load_pairs("multi30k", "validation", "de", "en")
+        sources, references = [de for de, _ in pairs], [en for _, en in pairs]
+        final = {k: v.clone() for k, v in model.state_dict().items()}
+        for n in [1, *args.average]:
+            if n > len(epoch_states):
+                continue
+            model.load_state_dict(final if n == 1 else averaged(epoch_states[-n:]))
+            for alpha in args.alpha:
+                decode_started = time.perf_counter()
+                hypotheses = translation.translate(model, tokenizer, sources, beam_size=args.beam, alpha=alpha)
+                scores = corpus_scores(hypotheses, references)
+                bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+                report["decodes"].append({
+                    "weights": "final" if n == 1 else f"average of the last {n} epochs", "beam": args.beam,
+                    "alpha": alpha, "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
+                    "brevity_penalty": bleu.bp, "length_ratio": bleu.sys_len / bleu.ref_len,
+                    "bleu_signature": scores["bleu_signature"],
+                    "decode_minutes": (time.perf_counter() - decode_started) / 60})
+                report["load_average_now"] = os.getloadavg()
+                save()
+        report["load_average_at_end"] = os.getloadavg()
+        save()
+    finally:
+        translation.validation_hook = real_hook
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="multi30k-cpu", help="default: %(default)s")
+    parser.add_argument("--config", type=Path, help='JSON overrides, as for the command line: {"model": {...}, ...}')
+    parser.add_argument("--epochs", type=int, default=8, help="default: %(default)s")
+    parser.add_argument("--average", type=int, nargs="*", default=[2, 3, 4], help="average the last N epochs")
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 1.0], help="length-penalty exponents")
+    parser.add_argument("--beam", type=int, default=4, help="default: %(default)s")
+    parser.add_argument("--json", required=True, help="report to write")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.beam < 1 or any(n < 2 for n in args.average):
+        parser.error("--epochs and --beam must be positive, and --average takes counts of 2 or more")
+    report = run(args)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("settings", "points")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
