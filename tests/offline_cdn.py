@@ -15,12 +15,16 @@ CONTRIBUTING.md, 'Interactive figures' says where the pages get this JavaScript.
 import json
 import mimetypes
 import os
+import shutil
 from pathlib import Path
 
 CDN = "https://cdn.jsdelivr.net/npm/"
 MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
 VEGA = os.environ.get("TRANSFORMER_BOOK_VEGA")
 VEGA_PACKAGES = ("vega", "vega-lite", "vega-embed")
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]  # headless, and quiet: no calls home
 
 
 def package_folder(name: str) -> Path | None:

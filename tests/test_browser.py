@@ -24,7 +24,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "book" / "_build" / "html"
 SHOTS = ROOT / "book" / "_build" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
 FETCHED = ROOT / "book" / "_build" / "mathjax"  # where npm's MathJax is unpacked once, beside the build
 FETCHED_VEGA = ROOT / "book" / "_build" / "vega"  # and Vega, Vega-Lite and Vega-Embed
@@ -115,7 +114,8 @@ def serve_offline(page) -> list[str]:
     return refused
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
+    pytest.mark.skipif(offline_cdn.CHROMIUM is None,
+                       reason="Chromium is not installed (Debian: apt-get install chromium)"),
     pytest.mark.skipif(not (HTML / "intro.html").is_file(), reason="the book is not built: run `jupyter-book build book`"),
 ]
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
@@ -124,18 +124,6 @@ playwright = pytest.importorskip("playwright.sync_api", reason="playwright is no
 def pages() -> list[str]:
     toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
     return [toc["root"]] + [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield browser
-        browser.close()
 
 
 def page_has_maths(name: str) -> bool:

@@ -14,28 +14,8 @@ from torch._dynamo.utils import counters
 
 import transformer_lib as tl
 from transformer_lib import runs, training
-from transformer_lib.training import load_checkpoint, make_optimizer, resume_training, save_checkpoint, train
-
-CFG = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32)
-
-
-def copy_batches(epoch: int):
-    """Four batches of a copy task, the same for the same epoch."""
-    generator = torch.Generator().manual_seed(1000 + epoch)
-    batches = []
-    for _ in range(4):
-        body = torch.randint(4, 20, (16, 6), generator=generator)
-        tgt = torch.cat([torch.full((16, 1), tl.BOS_ID), body, torch.full((16, 1), tl.EOS_ID)], dim=1)
-        batches.append((body, tgt))
-    return batches
-
-
-def fresh(seed: int = 0, dropout: float = 0.1, device: str = "cpu"):
-    torch.manual_seed(seed)
-    with torch.device(device):  # built there (model.to("meta") would untie the tied embeddings)
-        model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=dropout))
-    return (model, *make_optimizer(model, 32, warmup=50, factor=0.25))
-
+from transformer_lib.training import load_checkpoint, resume_training, save_checkpoint, train
+from copy_task import CFG, copy_batches, fresh
 
 # ---- checkpoints onto another device ----
 

@@ -2,7 +2,8 @@
 
 tools/gpu_check.py runs these first wherever a GPU is at hand. tests/test_device_paths.py runs the same branches on
 the CPU with the `meta` device and fp16 autocast; what is here needs CUDA itself: pinned memory, fused Adam, the
-host waiting for the GPU, bf16 and fp16 kernels, NCCL.
+host waiting for the GPU, bf16 and fp16 kernels, NCCL. (The key/value cache on CUDA is a `gpu` case of
+tests/test_training.py::test_cached_and_uncached_decoding_agree.)
 """
 
 import json
@@ -17,32 +18,13 @@ import torch
 
 import transformer_lib as tl
 from transformer_lib import training
-from transformer_lib.training import load_checkpoint, make_optimizer, resume_training, save_checkpoint, train
+from transformer_lib.training import load_checkpoint, resume_training, train
+from copy_task import copy_batches, fresh
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
-CFG = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=32)
-
-
-def copy_batches(epoch: int):
-    """Four batches of a copy task on the host, the same for the same epoch (train copies them to the GPU)."""
-    generator = torch.Generator().manual_seed(1000 + epoch)
-    batches = []
-    for _ in range(4):
-        body = torch.randint(4, 20, (16, 6), generator=generator)
-        tgt = torch.cat([torch.full((16, 1), tl.BOS_ID), body, torch.full((16, 1), tl.EOS_ID)], dim=1)
-        batches.append((body, tgt))
-    return batches
-
-
-def fresh(device: str, seed: int = 0):
-    torch.manual_seed(seed)
-    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.1)).to(device)
-    return (model, *make_optimizer(model, 32, warmup=50, factor=0.25))
-
-
 def needs_data():
     if not (DATA / "multi30k" / "train.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}; set TRANSFORMER_LIB_DATA")
@@ -58,7 +40,7 @@ def autocast(request, monkeypatch):
 
 
 def test_the_gpu_setup_is_what_training_expects():
-    model, optimizer, _ = fresh("cuda")
+    model, optimizer, _ = fresh(device="cuda")
     assert optimizer.defaults["fused"]  # one fused Adam kernel per step
     src, tgt = training.batch_to_device(*copy_batches(0)[0], torch.device("cuda"), model.cfg)
     assert src.is_cuda and tgt.is_cuda
@@ -66,7 +48,7 @@ def test_the_gpu_setup_is_what_training_expects():
 
 def test_no_host_sync_between_settle_points(autocast, monkeypatch):
     # Between two log entries the host must never wait for the GPU: PyTorch raises at any synchronising call.
-    model, optimizer, scheduler = fresh("cuda")
+    model, optimizer, scheduler = fresh(device="cuda")
     scaler = torch.amp.GradScaler("cuda") if autocast == "fp16" else None
     real_settle = training.settle
 
@@ -90,13 +72,13 @@ def test_no_host_sync_between_settle_points(autocast, monkeypatch):
 
 def test_a_checkpoint_saved_on_cuda_resumes_on_the_cpu_and_back(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    model, optimizer, scheduler = fresh("cuda")
+    model, optimizer, scheduler = fresh(device="cuda")
     state = train(model, copy_batches, optimizer, scheduler, max_steps=3, checkpoint_path=path, progress=False)
-    model, optimizer, scheduler = fresh("cpu", seed=1)
+    model, optimizer, scheduler = fresh(seed=1)
     state = resume_training(load_checkpoint(path, "cpu"), model, optimizer, scheduler)
     state = train(model, copy_batches, optimizer, scheduler, max_steps=6, state=state, checkpoint_path=path,
                   progress=False)
-    model, optimizer, scheduler = fresh("cuda", seed=2)
+    model, optimizer, scheduler = fresh(seed=2, device="cuda")
     state = resume_training(load_checkpoint(path, "cuda"), model, optimizer, scheduler)
     state = train(model, copy_batches, optimizer, scheduler, max_steps=9, state=state, progress=False)
     assert state.step == 9 and all(p.is_cuda for p in model.parameters())
@@ -122,34 +104,12 @@ def test_train_ctrl_c_resume_evaluate_on_cuda(autocast, tmp_path):
     assert len(hypotheses) == 2
 
 
-def test_cached_decoding_agrees_with_recomputing_the_prefix_on_cuda(monkeypatch):
-    # In float32 with TF32 off the cache changes only the order of sums, as on the CPU (tests/test_training.py derives
-    # the 1e-4); with TF32 or bf16 the products themselves round to 10 or 7 mantissa bits, and greedy tokens may then
-    # differ where two logits are within that rounding, so the exact check is made in float32.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    torch.manual_seed(0)
-    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.0)).cuda().eval()
-    src = torch.randint(4, 20, (5, 9), device="cuda")
-    src[1, 6:] = 0
-    tgt = torch.randint(4, 20, (5, 7), device="cuda")
-    src_mask = tl.padding_mask(src, 0)
-    memory = model.encode(src, src_mask)
-    full = model.decode(tgt, memory, src_mask)
-    cache = tl.KVCache(len(model.decoder.layers))
-    steps = torch.cat([tl.decode_step(model, tgt[:, t : t + 1], memory, src_mask, cache) for t in range(7)], dim=1)
-    torch.testing.assert_close(steps, full, atol=1e-4, rtol=1e-4)
-    cached = tl.beam_search(model, src, 1, 12, use_cache=True)
-    uncached = tl.beam_search(model, src, 1, 12, use_cache=False)
-    assert torch.equal(cached, uncached)
-
-
 def test_compiled_training_does_not_compile_per_batch_on_cuda():
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model, optimizer, scheduler = fresh("cuda")
+    model, optimizer, scheduler = fresh(device="cuda")
     model.compile()
     graphs = []
 

@@ -10,8 +10,6 @@ book/_build/screenshots for review.
 """
 
 import re
-import shutil
-import os
 from pathlib import Path
 
 import pytest
@@ -23,10 +21,10 @@ import transformer_lib as tl
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "book" / "_build" / "html" / "04_masking.html"
 SHOTS = ROOT / "book" / "_build" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
+    pytest.mark.skipif(offline_cdn.CHROMIUM is None,
+                       reason="Chromium is not installed (Debian: apt-get install chromium)"),
     pytest.mark.skipif(not PAGE.is_file(), reason="chapter 4 is not built: run `jupyter-book build book`"),
     pytest.mark.skipif(not (offline_cdn.VEGA and offline_cdn.MATHJAX),
                        reason="TRANSFORMER_BOOK_VEGA and TRANSFORMER_BOOK_MATHJAX must name local npm copies of Vega "
@@ -65,18 +63,6 @@ def expected() -> tuple[torch.Tensor, dict[tuple[bool, bool], tuple[torch.Tensor
 def names(tgt: torch.Tensor, b: int) -> list[str]:
     """The chart's labels of sentence b: position and word, '2 dog'."""
     return [f"{i} {WORDS[t]}" for i, t in enumerate(tgt[b].tolist())]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield browser
-        browser.close()
 
 
 def open_chapter(browser, width: int):
