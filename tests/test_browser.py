@@ -40,16 +40,9 @@ def local_mathjax() -> str | None:
         return os.environ["TRANSFORMER_BOOK_MATHJAX"]
     package = FETCHED / "package"
     if not (package / "es5" / "tex-mml-chtml.js").is_file() and shutil.which("npm") and HTML.is_dir():
-        FETCHED.mkdir(parents=True, exist_ok=True)
         try:
-            subprocess.run(["npm", "pack", "--silent", "mathjax@3"], cwd=FETCHED, check=True, timeout=180,
-                           capture_output=True)
-            with tarfile.open(next(FETCHED.glob("mathjax-*.tgz"))) as archive:
-                if hasattr(tarfile, "data_filter"):  # Python 3.10.12 and later: refuse links and absolute paths
-                    archive.extractall(FETCHED, filter="data")
-                else:
-                    archive.extractall(FETCHED)  # noqa: S202 (npm's own tarball of mathjax)
-        except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError):
+            _npm_unpack("mathjax@3", FETCHED, "package")
+        except (OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
             return None
     return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
 
