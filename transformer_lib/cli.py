@@ -6,6 +6,8 @@ Imports are at the top: `python -m transformer_lib` imports the package, and wit
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import re
 import sys
 import traceback
@@ -17,27 +19,33 @@ import torch
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
 from transformer_lib.embedding import SPECIAL_TOKENS
 from transformer_lib.runs import (
+    DECODING_FILE,
     LOCK_FILE,
+    MAX_BEAM,
     RUN_FILES,
     CheckpointError,
     DivergedError,
+    checkpoint_errors,
     atomic_write_text,
+    check_decoding,
     check_replaceable,
     check_run_folder,
     lock_run_folder,
     merge_settings,
     read_settings_file,
+    read_decoding,
     read_run_record,
     read_text,
     validate_settings,
 )
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
+from transformer_lib.scoreboard import scoreboard_record, write_scoreboard
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
 from transformer_lib.translation import PRESETS, load_translator, train_translator, translate
 
-MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
+DEFAULT_DECODING = {"beam_size": 4, "alpha": 0.6, "average_last": 1}  # without decoding.json or settings["decoding"]
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
 
 EPILOG = """examples:
@@ -49,6 +57,7 @@ EPILOG = """examples:
   python -m transformer_lib translate --checkpoint runs/de-en "Ein Mann fährt Fahrrad."
   echo "Zwei Hunde spielen im Schnee." | python -m transformer_lib translate --checkpoint runs/de-en
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test
+  python -m transformer_lib evaluate --checkpoint runs/de-en --split test --scoreboard benchmarks/results/scoreboard
   python -m transformer_lib evaluate --checkpoint runs/de-en --src-file test.de --ref-file test.en
   python -m transformer_lib evaluate --hyp-file output.en --ref-file test.en
 """
@@ -144,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     length.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps")
     length.add_argument("--epochs", type=_positive, help="stop after this many passes over the data")
     train.add_argument("--train-limit", type=_positive, help="use only the first N training pairs (quick runs)")
+    validation = train.add_mutually_exclusive_group()
+    validation.add_argument("--valid-limit", type=_positive,
+                            help="score only the first N validation pairs after each epoch (default: --train-limit's "
+                                 "value when it is given, else all of them)")
+    validation.add_argument("--no-validation", action="store_true", help="skip validation after each epoch")
     train.add_argument("--out", type=_run_folder, required=True, help="run folder for checkpoint, tokenizer and history")
     train.add_argument("--resume", action="store_true",
                        help="continue the run saved in --out, with its saved settings, data and seed")
@@ -155,23 +169,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", parents=[debug], help="translate sentences given as arguments or on standard input")
     translate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
-    translate.add_argument("--beam", type=_beam, default=4, help=f"beam size from 1 (greedy search) to {MAX_BEAM} (default: %(default)s)")
+    translate.add_argument("--beam", type=_beam, help=f"beam size from 1 (greedy search) to {MAX_BEAM}")
     evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
     for command in (translate, evaluate):  # how translate() decodes, and where
-        command.add_argument("--alpha", type=_alpha, default=0.6,
-                             help="length penalty exponent of beam search, 0 for none (default: %(default)s)")
+        command.add_argument("--alpha", type=_alpha, help="length penalty exponent of beam search, 0 for none")
         command.add_argument("--max-len", type=_positive,
                              help="at most this many tokens per translation (default: the source's length + 50)")
         command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
+    for command in (translate, evaluate):
+        command.epilog = (f"--beam and --alpha not given come from the run's {DECODING_FILE} (written by "
+                          f"runs.write_decoding, chosen on the validation split) when the checkpoint's folder holds "
+                          f"one, else from the run's settings (settings['decoding']), else beam "
+                          f"{DEFAULT_DECODING['beam_size']} and alpha {DEFAULT_DECODING['alpha']}; a note on stderr "
+                          f"says which.")
 
     evaluate.add_argument("--checkpoint", type=Path, help="checkpoint.pt or the run folder holding it")
     evaluate.add_argument("--split", choices=SPLITS, help="score the checkpoint's own corpus split")
     evaluate.add_argument("--src-file", type=_existing_file, help="source sentences, one per line")
     evaluate.add_argument("--hyp-file", type=_existing_file, help="translations already made, one per line")
     evaluate.add_argument("--ref-file", type=_existing_file, help="reference translations, one per line")
-    evaluate.add_argument("--beam", type=_beam, default=4, help=f"beam size from 1 to {MAX_BEAM} (default: %(default)s)")
+    evaluate.add_argument("--beam", type=_beam, help=f"beam size from 1 to {MAX_BEAM}")
     evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file (not one of the inputs)")
+    evaluate.add_argument("--scoreboard", type=_run_folder, metavar="DIR",
+                          help="with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
+                               "(training minutes from history.json, steps from the checkpoint, the device where it "
+                               f"was saved; the decoding from {DECODING_FILE} or the run's settings, never from "
+                               f"--beam/--alpha, which it refuses; the validation scores {DECODING_FILE} holds, else "
+                               "none). Run it on the machine that "
+                               "trained the run: the record names this machine's CPU or GPU")
     for command, handler in ((train, cmd_train), (translate, cmd_translate), (evaluate, cmd_evaluate)):
         command.set_defaults(handler=handler, parser=command)
     return parser
@@ -333,23 +359,55 @@ def cmd_train(args: argparse.Namespace) -> int:
             process = TorchrunProcess()
         else:  # None: train_translator's SingleProcess, on the best device there is
             process = _OnDevice(args.device) if args.device is not None else None
+        validation = _validation_arguments(args)
         try:
             summary = train_translator(
                 args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
                 corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
                 epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
                 compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
-                process=process,
+                process=process, **validation,
             )
         finally:
             if isinstance(process, TorchrunProcess):
                 process.close()  # leave the process group, after the others are done
     if isinstance(process, TorchrunProcess) and not process.is_main:  # under torchrun, rank 0 speaks for all processes
         return 0
-    last = f"last logged loss {summary['history'][-1][1]:.3f}" if summary["history"] else "no loss logged"
+    last = _last_loss(summary["history"])
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
     return 0
+
+
+def _validation_arguments(args: argparse.Namespace) -> dict:
+    """train_translator's valid_limit and validate, passed only when set: --valid-limit (by default --train-limit's
+    value) and --no-validation. A version of train_translator without them gets neither; an explicit flag is refused."""
+    wanted = {}
+    if args.no_validation:
+        wanted["validate"] = False
+    valid_limit = args.valid_limit if args.valid_limit is not None else args.train_limit
+    if valid_limit is not None and not args.no_validation:
+        wanted["valid_limit"] = valid_limit
+    accepted = inspect.signature(train_translator).parameters
+    for name, flag in (("validate", "--no-validation"), ("valid_limit", "--valid-limit")):
+        if name in wanted and name not in accepted:
+            if name == "valid_limit" and args.valid_limit is None:  # only the default that --train-limit implies
+                print(f"note: validation scores every pair of the validation split: this version of train_translator "
+                      f"has no valid_limit for --train-limit {args.train_limit} to set", file=sys.stderr)
+                del wanted[name]
+                continue
+            raise ValueError(f"{flag} needs train_translator's {name} parameter, which this version of "
+                             f"transformer_lib lacks; drop {flag}")
+    return wanted
+
+
+def _last_loss(history: list) -> str:
+    """The last logged mean training loss; entries are (step, mean loss) or (step, mean loss, steps averaged)."""
+    if not history:
+        return "no loss logged"
+    entry = history[-1]
+    steps = f" (mean of {entry[2]} step{'s' if entry[2] != 1 else ''})" if len(entry) > 2 else ""
+    return f"last logged loss {entry[1]:.3f}{steps}"
 
 
 def _stdin_sentences() -> list[str]:
@@ -381,10 +439,52 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not sentences:
         raise UsageError("no sentences: give them as arguments or one per line on standard input")
     model, tokenizer = _load(args.checkpoint, args.device)
+    _choose_decoding(args)
     translations = _translate(model, tokenizer, sentences, args)
     for line in translations:
         print(line)  # one line per sentence, empty ones included, so that lines still pair up
     return 0
+
+
+def _decoding_source(checkpoint: Path) -> tuple[dict, str, dict | None]:
+    """The run's decoding settings, where they come from, and the decoding.json record (None without one).
+
+    First the run folder's decoding.json, then the run record's settings["decoding"], then DEFAULT_DECODING.
+    """
+    path = _checkpoint_file(checkpoint)
+    record = read_decoding(path.parent)
+    if record is not None:
+        return ({key: record[key] for key in DEFAULT_DECODING},
+                f"{path.parent / DECODING_FILE} (chosen on the {record['chosen_on']} split)", record)
+    try:
+        settings = read_run_record(path)["run"]["settings"]
+    except CheckpointError:  # a checkpoint without a run record has no settings: the defaults, and the note says so
+        settings = {}
+    if isinstance(settings, dict) and settings.get("decoding") is not None:
+        where = f"{path}: the run's settings['decoding']"
+        return check_decoding(settings["decoding"], where), "the run's settings (settings['decoding'])", None
+    where = f"the defaults ({path.parent} has no {DECODING_FILE} and its settings no decoding)"
+    return dict(DEFAULT_DECODING), where, None
+
+
+def _choose_decoding(args: argparse.Namespace) -> dict:
+    """Fill args.beam and args.alpha where not given, from the run; one note on stderr says where they came from."""
+    if getattr(args, "decoding", None) is not None:
+        return args.decoding
+    source, where, _ = _decoding_source(args.checkpoint)
+    beam = args.beam if args.beam is not None else source["beam_size"]
+    alpha = args.alpha if args.alpha is not None else source["alpha"]
+    if args.beam is None and args.alpha is None:
+        averaged = source["average_last"]
+        weights = (f"; it names the average of the last {averaged} epochs' weights, and --checkpoint's weights are "
+                   f"used as they are") if averaged > 1 else ""
+        print(f"note: decoding with beam {beam} and alpha {alpha:g}, from {where}{weights}", file=sys.stderr)
+    elif args.beam is None or args.alpha is None:
+        print(f"note: decoding with beam {beam} ({'--beam' if args.beam is not None else f'from {where}'}) and alpha "
+              f"{alpha:g} ({'--alpha' if args.alpha is not None else f'from {where}'})", file=sys.stderr)
+    args.beam, args.alpha = beam, alpha
+    args.decoding = {"beam_size": beam, "alpha": alpha, "average_last": source["average_last"]}  # the weights' own
+    return args.decoding
 
 
 def _translate(model, tokenizer, sentences: list[str], args: argparse.Namespace) -> list[str]:
@@ -426,8 +526,78 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
                              f"({checkpoint.parent}) and would be overwritten; give another file name")
 
 
+def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
+    """What evaluate --scoreboard records besides the test scores, checked before any sentence is translated."""
+    folder = args.scoreboard
+    if folder.is_symlink():
+        raise ValueError(f"--scoreboard {str(folder)!r} is a symbolic link; it is never written through: give the path "
+                         f"of a real folder")
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--scoreboard {str(folder)!r} is a file; give a folder for the records")
+    checkpoint = _checkpoint_file(args.checkpoint)
+    decoding, where, record = _decoding_source(args.checkpoint)
+    if where.startswith("the defaults"):
+        raise ValueError(f"--scoreboard records the decoding chosen on the validation split, and {checkpoint.parent} "
+                         f"has no {DECODING_FILE} and its settings no decoding part; choose beam and alpha on the "
+                         f"validation split and save them with transformer_lib.runs.write_decoding first")
+    history = checkpoint.parent / "history.json"
+    if not history.is_file():
+        raise FileNotFoundError(f"--scoreboard takes the training minutes from {history}, which does not exist; "
+                                f"it is written when `train` ends")
+    try:
+        epochs = json.loads(read_text(history, "history file")).get("epochs")
+    except (json.JSONDecodeError, RecursionError, AttributeError):
+        raise ValueError(f"history file {str(history)!r} is not the JSON object `train` writes; train again or "
+                         f"restore it") from None
+    last = epochs[-1] if isinstance(epochs, list) and epochs else None
+    minutes = last.get("minutes") if isinstance(last, dict) else None
+    if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not minutes > 0:
+        raise ValueError(f"--scoreboard takes the training minutes from the last epoch record of {history}, which "
+                         f"has none (got {minutes!r}); a run records them at the end of each epoch it validates")
+    locations = set()  # where the checkpoint's tensors were saved from: 'cpu', and 'cuda:0' for a run on a GPU
+
+    def location(storage, where):
+        locations.add(where)
+        return storage
+
+    with checkpoint_errors(checkpoint):
+        saved = torch.load(checkpoint, map_location=location, weights_only=True, mmap=True)
+    steps = saved.get("state", {}).get("step") if isinstance(saved.get("state"), dict) else None
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"{checkpoint} records no training step (state['step'] is {steps!r}); --scoreboard needs a "
+                         f"checkpoint written by `train`")
+    kinds = {place.split(":")[0] for place in locations} - {"cpu"}
+    if len(kinds) > 1 or kinds - {"cuda"}:
+        raise ValueError(f"{checkpoint} was saved from {', '.join(sorted(locations))}; the scoreboard records runs "
+                         f"trained on 'cpu' or 'cuda'")
+    device = "cuda" if kinds else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{checkpoint} was trained on a GPU and this machine has none for the record to name; run "
+                         f"evaluate --scoreboard on the machine that trained it")
+    notes = []
+    if (run["corpus"], run["src_lang"], run["tgt_lang"]) != ("multi30k", "de", "en"):
+        notes.append(f"corpus {run['corpus']} {run['src_lang']}-{run['tgt_lang']}")
+    if run["corpus_config"] is not None:
+        notes.append(f"corpus config {run['corpus_config']}")
+    if run["overrides"]:
+        notes.append(f"settings overridden: {json.dumps(run['overrides'], sort_keys=True)}")
+    if run["train_limit"] is not None:
+        notes.append(f"trained on the first {run['train_limit']} pairs only")
+    return {"device": device, "training_minutes": float(minutes), "steps": steps, "decoding": decoding,
+            "validation": record.get("validation") if record else None, "notes": "; ".join(notes) or None}
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     _check_save_hyp(args)
+    if args.scoreboard is not None:
+        if args.split != "test":
+            raise UsageError("--scoreboard records a run's score on the test split, so it goes with --split test (the "
+                             "decoding is chosen on the validation split beforehand, in decoding.json)")
+        if args.beam is not None or args.alpha is not None:
+            raise UsageError("--scoreboard records the decoding chosen on the validation split (the run's "
+                             "decoding.json or settings), so --beam and --alpha would not be what it records; drop "
+                             "them")
+    facts = None
     if args.hyp_file:
         if not args.ref_file or args.src_file or args.split or args.checkpoint:
             raise UsageError("--hyp-file goes with --ref-file alone")
@@ -446,6 +616,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if not args.checkpoint.exists():
                 _load(args.checkpoint)  # the one-line message for a missing checkpoint
             run = read_run_record(_checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
+            if args.scoreboard is not None:
+                facts = _scoreboard_facts(args, run)
             model, tokenizer = _load(args.checkpoint, args.device)
             pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
@@ -456,6 +628,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")
             model, tokenizer = _load(args.checkpoint, args.device)
+        _choose_decoding(args)
         hypotheses = _translate(model, tokenizer, sources, args)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
@@ -466,6 +639,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"BLEU = {scores['bleu']:.2f}   ({scores['bleu_signature']})")
     print(f"chrF = {scores['chrf']:.2f}   ({scores['chrf_signature']})")
     print(f"on {scores['sentences']} sentences")
+    if facts is not None:
+        record = scoreboard_record(preset=run["preset"], device=facts["device"],
+                                   training_minutes=facts["training_minutes"], steps=facts["steps"],
+                                   validation=facts["validation"], test=scores, decoding=facts["decoding"],
+                                   chosen_on="validation", notes=facts["notes"])
+        print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}")
     return 0
 
 

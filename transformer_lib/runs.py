@@ -11,10 +11,12 @@
 - `checkpoint_errors`, `check_checkpoint`, `weights_checksum`: a corrupt or foreign checkpoint, or one whose weights
   no longer match their checksum, gives one clear line, not a traceback.
 - `interrupt_guard`, `diverged`: Ctrl-C or SIGTERM ends a training step cleanly; a non-finite loss stops the run.
+- `write_decoding`, `read_decoding`: the decoding settings chosen for a run (decoding.json in its folder).
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import hashlib
 import inspect
@@ -35,7 +37,8 @@ from typing import IO, Any
 
 import torch
 
-RUN_FILES = ("checkpoint.pt", "tokenizer.json", "history.json")
+# The files of a run folder: check_run_folder finds a run by them, start_run_folder(overwrite=True) removes them.
+RUN_FILES = ("checkpoint.pt", "tokenizer.json", "history.json", "decoding.json")
 
 
 # ---- files that are never half-written ----
@@ -321,9 +324,11 @@ def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path
     # A run is a folder with a checkpoint. Other run files without one are what a start that failed before its
     # first checkpoint leaves: nothing to resume, so both messages below point to overwrite, never to each other.
     existing = [name for name in RUN_FILES if (out / name).exists()]
-    leftovers = (f"{out} holds {' and '.join(existing)} but no checkpoint.pt: a start that stopped before its first "
-                 f"checkpoint left {'them' if len(existing) > 1 else 'it'}, and there is no run to resume; replace "
-                 f"{'them' if len(existing) > 1 else 'it'} with overwrite (--overwrite), or choose another folder")
+    cause = ("its checkpoint.pt was removed" if "decoding.json" in existing  # written after training, not at a start
+             else f"a start that stopped before its first checkpoint left {'them' if len(existing) > 1 else 'it'}")
+    leftovers = (f"{out} holds {' and '.join(existing)} but no checkpoint.pt: {cause}, and there is no run to resume; "
+                 f"replace {'them' if len(existing) > 1 else 'it'} with overwrite (--overwrite), or choose another "
+                 f"folder")
     if resume and not (out / "checkpoint.pt").is_file():
         raise FileNotFoundError(f"resume needs {out / 'checkpoint.pt'}, which does not exist; " + (
             leftovers if existing else "start a new run there without resume"))
@@ -354,6 +359,106 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
     return out
+
+
+DECODING_FILE = "decoding.json"  # in a run folder: how its translations are made, as chosen on the validation split
+DECODING_KEYS = ("beam_size", "alpha", "average_last")
+MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
+
+
+def check_decoding(decoding: Any, what: str = "decoding") -> dict:
+    """decoding as dict(beam_size=int 1..32, alpha=number 0..10, average_last=int >= 1, 1 for the final weights).
+
+    One line naming the key, the value and what is allowed; an unknown key is refused, not dropped.
+    """
+    if not isinstance(decoding, dict):
+        raise ValueError(f"{what} must be a dict like {{'beam_size': 4, 'alpha': 0.6, 'average_last': 1}}, got "
+                         f"{type(decoding).__name__} {decoding!r:.60}")
+    missing = [key for key in DECODING_KEYS if key not in decoding]
+    unknown = [key for key in decoding if key not in DECODING_KEYS]
+    problems = [f"it lacks {', '.join(missing)}"] * bool(missing) + [
+        f"{', '.join(map(repr, unknown))} {'are' if len(unknown) > 1 else 'is'} not a decoding setting"] * bool(unknown)
+    if problems:
+        raise ValueError(f"{what} must hold exactly {', '.join(DECODING_KEYS)}; {' and '.join(problems)}")
+    rules = {"beam_size": (lambda v: _positive_int(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
+             "alpha": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
+             "average_last": (_positive_int, "a positive integer (epochs averaged; 1 for the final weights)")}
+    for key, (test, allowed) in rules.items():
+        if not test(decoding[key]):
+            raise ValueError(f"{what}: {key} must be {allowed}, got {decoding[key]!r}")
+    return {key: decoding[key] for key in DECODING_KEYS}
+
+
+def check_scores(scores: Any, what: str) -> dict:
+    """A dict of corpus_scores: bleu and chrf numbers and their signatures at least; other keys are kept as they are."""
+    if not isinstance(scores, dict):
+        raise ValueError(f"{what} must be a dict of scores as corpus_scores returns it, got {type(scores).__name__} "
+                         f"{scores!r:.60}")
+    missing = [key for key in ("bleu", "chrf", "bleu_signature", "chrf_signature") if key not in scores]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)}; expected the dict corpus_scores returns")
+    for key in ("bleu", "chrf"):
+        if not (_number(scores[key]) and 0 <= scores[key] <= 100):
+            raise ValueError(f"{what}: {key} must be a number from 0 to 100, got {scores[key]!r}")
+    for key in ("bleu_signature", "chrf_signature"):
+        if not (isinstance(scores[key], str) and scores[key]):
+            raise ValueError(f"{what}: {key} must be sacreBLEU's signature, a non-empty string, got {scores[key]!r}")
+    return dict(scores)
+
+
+def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, validation: dict | None = None) -> Path:
+    """Write run_folder/decoding.json: beam_size, alpha, average_last, chosen_on ("validation", the only split on
+    which decisions are made), the date, and optionally the validation scores (corpus_scores) they were chosen for.
+
+    Atomic; a decoding.json that is a link or not a regular file is refused. The folder must exist. Returns the path.
+    """
+    folder = Path(run_folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"run_folder {str(folder)!r} is not a folder; give the run folder that holds "
+                                 f"checkpoint.pt")
+    record = check_decoding(decoding)
+    if chosen_on != "validation":
+        raise ValueError(f"chosen_on must be 'validation', got {chosen_on!r}: decoding settings are chosen on the "
+                         f"validation split, never on the test split they are reported on")
+    record["chosen_on"] = chosen_on
+    record["date"] = datetime.date.today().isoformat()
+    if validation is not None:
+        record["validation"] = check_scores(validation, "validation")
+    path = folder / DECODING_FILE
+    write_json(path, record)
+    return path
+
+
+def read_decoding(run_folder: str | Path) -> dict | None:
+    """The record of run_folder/decoding.json, checked; None when the run has none. One line for a malformed file."""
+    path = Path(run_folder) / DECODING_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    check_replaceable(path, "decoding file")  # a link or a special file is not read either
+    try:
+        record = json.loads(read_text(path, "decoding file"))
+    except (json.JSONDecodeError, RecursionError) as error:
+        where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
+            error, json.JSONDecodeError) else ""
+        raise ValueError(f"decoding file {str(path)!r} is not valid JSON{where}; write it again with "
+                         f"write_decoding, or remove it") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"decoding file {str(path)!r} must hold a JSON object, got {json.dumps(record)[:60]}")
+    where = f"decoding file {str(path)!r}"
+    decoding = check_decoding({key: value for key, value in record.items() if key in DECODING_KEYS}, where)
+    extra = sorted(set(record) - {*DECODING_KEYS, "chosen_on", "date", "validation"})
+    if extra:
+        raise ValueError(f"{where} holds {', '.join(extra)}, which decoding.json never holds; write it again with "
+                         f"write_decoding")
+    if record.get("chosen_on") != "validation":
+        raise ValueError(f"{where}: chosen_on must be 'validation', got {record.get('chosen_on')!r}; decoding "
+                         f"settings are chosen on the validation split")
+    if not isinstance(record.get("date"), str):
+        raise ValueError(f"{where}: date must be an ISO date string, got {record.get('date')!r}")
+    result = {**decoding, "chosen_on": record["chosen_on"], "date": record["date"]}
+    if record.get("validation") is not None:
+        result["validation"] = check_scores(record["validation"], f"{where}: validation")
+    return result
 
 
 LOCK_FILE = ".lock"  # inside the run folder; holds the pid of the process that trains there

@@ -1,0 +1,289 @@
+"""The scoreboard (transformer_lib.scoreboard), decoding.json (runs.write_decoding) and the command line's use of them."""
+
+import inspect
+import json
+import math
+import os
+
+import pytest
+
+from test_cli import DATA, ROOT, cli, fake_run, one_error_line, run_main
+from transformer_lib import cli as cli_module
+from transformer_lib import runs
+from transformer_lib.scoreboard import (
+    COLUMNS,
+    TUTORIAL_ROWS,
+    read_scoreboard,
+    scoreboard_record,
+    scoreboard_table,
+    write_scoreboard,
+)
+
+SIGNATURES = {"bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",
+              "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.0"}
+TEST = {"bleu": 37.1, "chrf": 60.2, "sentences": 1000, "bp": 0.985, "ratio": 0.985, "hyp_len": 12000,
+        "ref_len": 12180, "bleu_line": "BLEU = 37.10 ...", **SIGNATURES}
+VALIDATION = {"bleu": 38.1, "chrf": 61.0, "sentences": 1014, **SIGNATURES}
+DECODING = {"beam_size": 4, "alpha": 1.0, "average_last": 2}
+
+
+def record(**change):
+    arguments = dict(preset="multi30k-cpu", device="cpu", training_minutes=33.3, steps=3187, validation=VALIDATION,
+                     test=TEST, decoding=DECODING, chosen_on="validation")
+    return scoreboard_record(**{**arguments, **change})
+
+
+# ---- records ----
+
+
+def test_a_record_round_trips_and_keeps_every_score_key(tmp_path):
+    first = record(test_lowercase_tokenized_bleu=39.0, code_hash="abc123", notes="trial")
+    assert first["test"] == TEST and first["validation"] == VALIDATION  # bp, ratio, bleu_line...: kept
+    assert first["device_name"] and first["cores"] == os.cpu_count() and first["chosen_on"] == "validation"
+    second = record(preset="multi30k", validation=None)
+    paths = [write_scoreboard(r, tmp_path / "scoreboard") for r in (second, first)]
+    assert [p.name for p in paths] == ["multi30k-cpu.json", "multi30k-cpu-cpu.json"]
+    json.loads(paths[0].read_text(encoding="utf-8"))  # strict JSON
+    assert read_scoreboard(tmp_path / "scoreboard") == [second, first]  # sorted by preset
+    assert not list((tmp_path / "scoreboard").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(chosen_on="test"), "chosen_on must be 'validation', got 'test': decoding settings are chosen on the "
+                                 "validation split"),
+        (dict(test={"bleu": 30.0, "chrf": 50.0}), "test lacks bleu_signature, chrf_signature"),
+        (dict(validation=[30.0]), "validation must be a dict of scores"),
+        (dict(test={**TEST, "bleu": "37"}), "test: bleu must be a number from 0 to 100, got '37'"),
+        (dict(steps=True), "steps must be a positive integer"),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(training_minutes=float("nan")), "training_minutes must be a number > 0"),
+        (dict(device="gpu"), "device must be 'cpu' or 'cuda' (where the run trained), got 'gpu'"),
+        (dict(preset="../x"), "preset must be a preset's name"),
+        (dict(decoding={"beam_size": 4, "alpha": 1.0}), "decoding must hold exactly beam_size, alpha, average_last; "
+                                                        "it lacks average_last"),
+        (dict(decoding={**DECODING, "beam_size": 0}), "decoding: beam_size must be an integer from 1"),
+        (dict(decoding={**DECODING, "lenght": 1}), "'lenght' is not a decoding setting"),
+        (dict(notes=3), "notes must be a string or None"),
+        (dict(test_lowercase_tokenized_bleu=101), "test_lowercase_tokenized_bleu must be a number from 0 to 100"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(change, message):
+    with pytest.raises(ValueError) as error:
+        record(**change)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_malformed_or_misnamed_scoreboard_file_is_named(tmp_path):
+    folder = tmp_path / "scoreboard"
+    path = write_scoreboard(record(), folder)
+    path.write_text('{"preset": ', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"multi30k-cpu-cpu.json' is not valid JSON \(line 1"):
+        read_scoreboard(folder)
+    broken = {**record(), "chosen_on": "test"}
+    path.write_text(json.dumps(broken), encoding="utf-8")
+    with pytest.raises(ValueError, match="multi30k-cpu-cpu.json': chosen_on must be 'validation'"):
+        read_scoreboard(folder)
+    path.unlink()
+    (folder / "other.json").write_text(json.dumps(record()), encoding="utf-8")
+    with pytest.raises(ValueError, match="belongs in multi30k-cpu-cpu.json; rename it"):
+        read_scoreboard(folder)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_scoreboard(tmp_path / "nowhere")
+
+
+def test_a_scoreboard_folder_or_file_that_is_a_link_is_never_written_through(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        write_scoreboard(record(), tmp_path / "link")
+    (real / "multi30k-cpu-cpu.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        write_scoreboard(record(), real)
+    assert not (tmp_path / "elsewhere.json").exists()
+
+
+# ---- the table ----
+
+
+def test_the_table_has_one_row_per_record_then_the_tutorials_with_their_metric():
+    records = [record(test_lowercase_tokenized_bleu=39.5), record(preset="multi30k", validation=None,
+                                                                  test={k: v for k, v in TEST.items() if k != "bp"})]
+    table = scoreboard_table(records)
+    assert list(table.columns) == list(COLUMNS) and len(table) == len(records) + len(TUTORIAL_ROWS)
+    for (_, row), r in zip(table.iterrows(), records):
+        assert row["system"] == f"transformer_lib {r['preset']}" and row["device"] == r["device"]
+        assert row["training minutes"] == r["training_minutes"] and row["steps"] == r["steps"]
+        assert row["test BLEU"] == r["test"]["bleu"] and row["test chrF"] == r["test"]["chrf"]
+        assert row["decoding"] == "beam 4, alpha 1, average of the last 2 epochs"
+        assert r["test"]["bleu_signature"] in row["metric"] and "cased" in row["metric"]
+    assert table["validation BLEU"].iloc[0] == 38.1 and math.isnan(table["validation BLEU"].iloc[1])
+    assert table["BP"].iloc[0] == 0.985 and math.isnan(table["BP"].iloc[1])
+    assert table["lower-cased tokenized test BLEU"].iloc[0] == 39.5
+    trevett = table.iloc[-1]
+    assert trevett["lower-cased tokenized test BLEU"] == 36.52 and math.isnan(trevett["test BLEU"])
+    assert "not comparable" in trevett["metric"] and trevett["decoding"] == "greedy"
+    assert trevett["reference"] == "trevett2020seq2seq"
+    assert len(scoreboard_table([], tutorials=())) == 0
+
+
+def test_the_tutorials_key_is_in_the_bibliography():
+    bib = (ROOT / "book" / "references.bib").read_text(encoding="utf-8")
+    for row in TUTORIAL_ROWS:
+        assert f"{{{row['reference']}," in bib
+
+
+# ---- decoding.json ----
+
+
+def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
+    assert runs.read_decoding(tmp_path) is None
+    path = runs.write_decoding(tmp_path, DECODING, "validation", validation=VALIDATION)
+    assert path == tmp_path / "decoding.json"
+    saved = runs.read_decoding(tmp_path)
+    assert {k: saved[k] for k in DECODING} == DECODING and saved["chosen_on"] == "validation"
+    assert saved["validation"] == VALIDATION and len(saved["date"]) == 10
+    with pytest.raises(ValueError, match="chosen_on must be 'validation', got 'test'"):
+        runs.write_decoding(tmp_path, DECODING, "test")
+    with pytest.raises(ValueError, match="alpha must be a number from 0"):
+        runs.write_decoding(tmp_path, {**DECODING, "alpha": -1}, "validation")
+    path.write_text('{"beam_size": 4}', encoding="utf-8")
+    with pytest.raises(ValueError, match="decoding.json' must hold exactly beam_size, alpha, average_last"):
+        runs.read_decoding(tmp_path)
+    path.write_text("[", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"decoding.json' is not valid JSON \(line 1"):
+        runs.read_decoding(tmp_path)
+
+
+def test_decoding_json_is_a_run_file_that_overwrite_removes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    runs.write_decoding(run, DECODING, "validation")
+    with pytest.raises(FileExistsError, match="holds decoding.json but no checkpoint.pt: its checkpoint.pt was removed"):
+        runs.check_run_folder(run, resume=False, overwrite=False)
+    (run / "checkpoint.pt").write_bytes(b"a run")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(checkpoint.pt, decoding.json\)"):
+        runs.check_run_folder(run, resume=False, overwrite=False)
+    runs.start_run_folder(run, overwrite=True)
+    assert list(run.iterdir()) == []
+
+
+# ---- the command line ----
+
+
+def test_the_last_logged_loss_says_how_many_steps_it_is_the_mean_of():
+    assert cli_module._last_loss([]) == "no loss logged"
+    assert cli_module._last_loss([(10, 3.1)]) == "last logged loss 3.100"
+    assert cli_module._last_loss([(10, 3.1), (13, 2.95, 3)]) == "last logged loss 2.950 (mean of 3 steps)"
+    assert cli_module._last_loss([[1, 2.0, 1]]) == "last logged loss 2.000 (mean of 1 step)"
+
+
+def args_for(*argv):
+    return cli_module.build_parser().parse_args(["train", "--out", "x", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], {}),
+        (["--train-limit", "30"], {"valid_limit": 30}),
+        (["--train-limit", "30", "--valid-limit", "100"], {"valid_limit": 100}),
+        (["--valid-limit", "100"], {"valid_limit": 100}),
+        (["--train-limit", "30", "--no-validation"], {"validate": False}),
+    ],
+)
+def test_validation_options_reach_train_translator(monkeypatch, argv, expected):
+    def train_translator(out_dir, valid_limit=None, validate=True):  # the signature of the lead's pending change
+        pass
+
+    monkeypatch.setattr(cli_module, "train_translator", train_translator)
+    assert cli_module._validation_arguments(args_for(*argv)) == expected
+
+
+def test_validation_options_without_train_translators_support(monkeypatch, capsys):
+    monkeypatch.setattr(cli_module, "train_translator", lambda out_dir, train_limit=None: None)
+    assert cli_module._validation_arguments(args_for("--train-limit", "30")) == {}
+    assert "no valid_limit for --train-limit 30" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--valid-limit needs train_translator's valid_limit parameter"):
+        cli_module._validation_arguments(args_for("--valid-limit", "5"))
+    code, _, err = run_main(capsys, "train", "--out", "x", "--valid-limit", "5", "--no-validation")
+    assert code == 2 and "not allowed with argument" in err
+
+
+@pytest.mark.skipif("valid_limit" not in inspect.signature(cli_module.train_translator).parameters,
+                    reason="needs the lead's train_translator(valid_limit=..., validate=...)")
+def test_train_translator_accepts_the_validation_options():
+    parameters = inspect.signature(cli_module.train_translator).parameters
+    assert parameters["valid_limit"].default is None and parameters["validate"].default is True
+
+
+def test_decoding_comes_from_decoding_json_then_the_settings_then_the_defaults(tmp_path, capsys, monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
+                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
+    run = fake_run(tmp_path)  # a checkpoint without a run record: no settings
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
+    assert code == 0 and seen[-1] == (4, 0.6) and "note: decoding with beam 4 and alpha 0.6, from the defaults" in err
+    runs.write_decoding(run, {"beam_size": 2, "alpha": 1.5, "average_last": 1}, "validation")
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run / "checkpoint.pt"), "Ein Hund.")
+    assert code == 0 and seen[-1] == (2, 1.5)
+    assert f"from {run / 'decoding.json'} (chosen on the validation split)" in err
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "--beam", "3", "Ein Hund.")
+    assert code == 0 and seen[-1] == (3, 1.5) and "beam 3 (--beam) and alpha 1.5 (from" in err
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "--beam", "3", "--alpha", "0", "Ein Hund.")
+    assert code == 0 and seen[-1] == (3, 0.0) and "note:" not in err
+    (run / "decoding.json").write_text("{}", encoding="utf-8")
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
+    assert code == 1 and "decoding.json' must hold exactly" in one_error_line(err)
+
+
+def test_decoding_from_the_runs_settings(tmp_path, capsys, monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
+                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
+    monkeypatch.setattr(cli_module, "read_run_record", lambda path: {"run": {"settings": {
+        "decoding": {"beam_size": 5, "alpha": 0.8, "average_last": 3}}}})
+    run = fake_run(tmp_path)
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
+    assert code == 0 and seen[-1] == (5, 0.8)
+    assert "from the run's settings (settings['decoding']); it names the average of the last 3 epochs" in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--split", "validation"], "--scoreboard records a run's score on the test split, so it goes with --split test"),
+        (["--split", "test", "--beam", "2"], "so --beam and --alpha would not be what it records"),
+    ],
+)
+def test_evaluate_scoreboard_refuses_what_it_would_not_record(tmp_path, capsys, extra, message):
+    code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(tmp_path), "--scoreboard", str(tmp_path / "s"),
+                            *extra)
+    assert code == 2 and message in err
+
+
+def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
+    if not (DATA / "multi30k" / "train.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    run, board = tmp_path / "run", tmp_path / "scoreboard"
+    result = cli("train", "--preset", "tiny", "--train-limit", "600", "--epochs", "1", "--out", str(run),
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "last logged loss" in result.stdout
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
+    assert result.returncode == 1 and "has no decoding.json and its settings no decoding part" in result.stderr
+    assert not board.exists()  # refused before translating
+    runs.write_decoding(run, {"beam_size": 1, "alpha": 0.6, "average_last": 1}, "validation", validation=VALIDATION)
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
+    assert result.returncode == 0, result.stderr
+    assert "note: decoding with beam 1 and alpha 0.6, from" in result.stderr
+    assert f"scoreboard record written to {board / 'tiny-cpu.json'}" in result.stdout
+    [saved] = read_scoreboard(board)
+    history = json.loads((run / "history.json").read_text(encoding="utf-8"))
+    assert saved["preset"] == "tiny" and saved["device"] == "cpu" and saved["chosen_on"] == "validation"
+    assert saved["training_minutes"] == history["epochs"][-1]["minutes"]
+    assert saved["steps"] == history["epochs"][-1]["step"] and saved["validation"] == VALIDATION
+    assert saved["test"]["sentences"] == 1000 and f"BLEU = {saved['test']['bleu']:.2f}" in result.stdout
+    assert saved["notes"] == "trained on the first 600 pairs only"

@@ -1,0 +1,250 @@
+"""The scoreboard: one record per full training run, and the table that compares them (hand-written; issue 22).
+
+A record is benchmarks/results/scoreboard/<preset>-<device>.json (device "cpu" or "cuda"): where the run trained
+(the CPU's model and its cores, or the GPU's name), the torch and transformer_lib versions, the date, the training
+minutes and steps, the decoding settings and the split they were chosen on (always "validation"), and the scores of
+transformer_lib.scoring.corpus_scores on the validation and test splits. `scoreboard_table` lays the records out
+beside published tutorials (`TUTORIAL_ROWS`), with a "metric" column that says which numbers may be compared.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import transformer_lib
+from transformer_lib.runs import check_decoding, check_scores, read_text, write_json
+from transformer_lib.runtime import cpu_name
+
+DEVICES = ("cpu", "cuda")
+RECORD_KEYS = ("preset", "device", "device_name", "cores", "torch", "transformer_lib", "date", "training_minutes",
+               "steps", "decoding", "chosen_on", "validation", "test", "test_lowercase_tokenized_bleu", "code_hash",
+               "notes")
+SACREBLEU_METRIC = "sacreBLEU, cased, detokenized"  # what corpus_scores measures; its signature says the rest
+
+# Published results on Multi30k de-en beside which the book's runs are shown. Their metric differs from ours: the
+# "metric" column says how, and their score sits in the lower-cased tokenized column, not in the cased sacreBLEU one.
+TUTORIAL_ROWS: tuple[dict, ...] = (
+    {
+        "system": "Trevett, pytorch-seq2seq 6: Attention is All You Need",
+        "device": "cuda",
+        "device name": "a GPU",
+        "decoding": "greedy",
+        "lower-cased tokenized test BLEU": 36.52,
+        "metric": "torchtext's BLEU on lower-cased spaCy tokens (lower-cased training data): not comparable to cased "
+                  "sacreBLEU",
+        "reference": "trevett2020seq2seq",  # book/references.bib
+    },
+)
+
+COLUMNS = ("system", "device", "device name", "training minutes", "steps", "decoding", "validation BLEU", "test BLEU",
+           "test chrF", "BP", "length ratio", "lower-cased tokenized test BLEU", "metric", "date", "reference")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_preset(preset: Any) -> str:
+    # The name becomes part of a file name: no separators, no '..'
+    if not isinstance(preset, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", preset):
+        raise ValueError(f"preset must be a preset's name like 'multi30k-cpu' (letters, digits, '.', '_', '-'), "
+                         f"got {preset!r}")
+    return preset
+
+
+def _check_device(device: Any) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device must be 'cpu' or 'cuda' (where the run trained), got {device!r}")
+    return device
+
+
+def _check_chosen_on(chosen_on: Any) -> str:
+    if chosen_on != "validation":
+        raise ValueError(f"chosen_on must be 'validation', got {chosen_on!r}: decoding settings are chosen on the "
+                         f"validation split, never on the test split they are reported on")
+    return chosen_on
+
+
+def _check_fields(*, preset, device, training_minutes, steps, validation, test, decoding, chosen_on,
+                  test_lowercase_tokenized_bleu, code_hash, notes) -> dict:
+    """The caller's part of a record, checked; one line naming the argument, the value and what was expected."""
+    if not _is_number(training_minutes) or training_minutes <= 0:
+        raise ValueError(f"training_minutes must be a number > 0 (the run's training time), got {training_minutes!r}")
+    if not _is_int(steps) or steps < 1:
+        raise ValueError(f"steps must be a positive integer (the run's optimizer steps), got {steps!r}")
+    low = test_lowercase_tokenized_bleu
+    if low is not None and not (_is_number(low) and 0 <= low <= 100):
+        raise ValueError(f"test_lowercase_tokenized_bleu must be a number from 0 to 100 or None, got {low!r}")
+    for name, value in (("code_hash", code_hash), ("notes", notes)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None, got {type(value).__name__} {value!r:.60}")
+    return {
+        "preset": _check_preset(preset), "device": _check_device(device),
+        "training_minutes": float(training_minutes), "steps": steps,
+        "decoding": check_decoding(decoding), "chosen_on": _check_chosen_on(chosen_on),
+        "validation": None if validation is None else check_scores(validation, "validation"),
+        "test": check_scores(test, "test"), "test_lowercase_tokenized_bleu": low, "code_hash": code_hash,
+        "notes": notes,
+    }
+
+
+def scoreboard_record(*, preset: str, device: str, training_minutes: float, steps: int, validation: dict | None,
+                      test: dict, decoding: dict, chosen_on: str, test_lowercase_tokenized_bleu: float | None = None,
+                      code_hash: str | None = None, notes: str | None = None) -> dict:
+    """The scoreboard record of one full run, made on the machine that trained it.
+
+    validation and test are dicts of transformer_lib.scoring.corpus_scores (bleu, chrf, bleu_signature and
+    chrf_signature at least; further keys such as bp, ratio, hyp_len, ref_len are kept); validation may be None when
+    the run's validation scores were not kept. decoding is dict(beam_size=int, alpha=float, average_last=int) and
+    chosen_on must be "validation". device_name (the CPU's model, or the GPU's name), cores, the torch and
+    transformer_lib versions and the date are filled in here.
+    """
+    record = _check_fields(preset=preset, device=device, training_minutes=training_minutes, steps=steps,
+                           validation=validation, test=test, decoding=decoding, chosen_on=chosen_on,
+                           test_lowercase_tokenized_bleu=test_lowercase_tokenized_bleu, code_hash=code_hash,
+                           notes=notes)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device is 'cuda' but this machine has no CUDA GPU to name; make the record on the "
+                             "machine that trained the run")
+        device_name = torch.cuda.get_device_name()
+    else:
+        device_name = cpu_name()
+    record.update(device_name=device_name, cores=os.cpu_count(), torch=torch.__version__,
+                  transformer_lib=transformer_lib.__version__, date=datetime.date.today().isoformat())
+    return {key: record[key] for key in RECORD_KEYS}
+
+
+def check_record(record: Any, what: str = "record") -> dict:
+    """A scoreboard record as scoreboard_record makes it; else one line naming what is wrong."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{what} must be a dict made by scoreboard_record, got {type(record).__name__} "
+                         f"{record!r:.60}")
+    missing = [key for key in RECORD_KEYS if key not in record]
+    unknown = [key for key in record if key not in RECORD_KEYS]
+    if missing or unknown:
+        problems = [f"it lacks {', '.join(missing)}"] * bool(missing) + [
+            f"{', '.join(map(repr, unknown))} {'are' if len(unknown) > 1 else 'is'} not part of a record"
+        ] * bool(unknown)
+        raise ValueError(f"{what} is not a scoreboard record: {' and '.join(problems)}; make it with "
+                         f"scoreboard_record")
+    try:
+        _check_fields(**{key: record[key] for key in ("preset", "device", "training_minutes", "steps", "validation",
+                                                      "test", "decoding", "chosen_on",
+                                                      "test_lowercase_tokenized_bleu", "code_hash", "notes")})
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+    for key in ("device_name", "torch", "transformer_lib", "date"):
+        if not isinstance(record[key], str) or not record[key]:
+            raise ValueError(f"{what}: {key} must be a non-empty string, got {record[key]!r}")
+    if record["cores"] is not None and not (_is_int(record["cores"]) and record["cores"] >= 1):
+        raise ValueError(f"{what}: cores must be a positive integer or None, got {record['cores']!r}")
+    return record
+
+
+def scoreboard_path(record: dict, folder: str | Path) -> Path:
+    """folder/<preset>-<device>.json, the one file of a preset's full run on a kind of device."""
+    return Path(folder) / f"{record['preset']}-{record['device']}.json"
+
+
+def write_scoreboard(record: dict, folder: str | Path) -> Path:
+    """Write record to folder/<preset>-<device>.json (atomic, strict JSON), creating folder; returns the path.
+
+    The record replaces that preset's earlier record on that device. A folder, or a file in it, that is a symbolic
+    link is refused: nothing is written through a link this module did not create.
+    """
+    check_record(record)
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise ValueError(f"scoreboard folder {str(folder)!r} is a symbolic link (to {os.readlink(folder)!r}); it is "
+                         f"never written through: give the path of a real folder")
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"scoreboard folder {str(folder)!r} is a file; give a folder for the records")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = scoreboard_path(record, folder)
+    write_json(path, record)  # refuses a link or a special file at path
+    return path
+
+
+def read_scoreboard(folder: str | Path) -> list[dict]:
+    """Every record in folder (its *.json files), checked, sorted by preset and device; one line for a bad file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"scoreboard folder {str(folder)!r} does not exist or is not a folder; write a record "
+                                f"there first with write_scoreboard")
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        if path.is_symlink() or not path.is_file():
+            raise ValueError(f"scoreboard file {str(path)!r} is a link or not a regular file; the scoreboard holds "
+                             f"only the files write_scoreboard writes")
+        try:
+            record = json.loads(read_text(path, "scoreboard file"))
+        except (json.JSONDecodeError, RecursionError) as error:
+            where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
+                error, json.JSONDecodeError) else ""
+            raise ValueError(f"scoreboard file {str(path)!r} is not valid JSON{where}; write it again with "
+                             f"write_scoreboard, or remove it") from None
+        check_record(record, f"scoreboard file {str(path)!r}")
+        if scoreboard_path(record, folder).name != path.name:
+            raise ValueError(f"scoreboard file {str(path)!r} holds the record of {record['preset']} on "
+                             f"{record['device']}, which belongs in {scoreboard_path(record, folder).name}; rename it")
+        records.append(record)
+    return sorted(records, key=lambda r: (r["preset"], r["device"]))
+
+
+def _decoding_text(decoding: dict) -> str:
+    search = "greedy" if decoding["beam_size"] == 1 else f"beam {decoding['beam_size']}, alpha {decoding['alpha']:g}"
+    weights = "" if decoding["average_last"] == 1 else f", average of the last {decoding['average_last']} epochs"
+    return search + weights
+
+
+def scoreboard_table(records: list[dict], tutorials: tuple[dict, ...] | list[dict] = TUTORIAL_ROWS):
+    """A pandas DataFrame: one row per record (in the given order), then one per tutorial row.
+
+    "test BLEU" is cased, detokenized sacreBLEU (the signature is in "metric"); "lower-cased tokenized test BLEU" is
+    filled only where a record has test_lowercase_tokenized_bleu, and holds the tutorials' scores, whose metric the
+    "metric" column names. A missing number is NaN.
+    """
+    import pandas as pd
+
+    rows = []
+    for number, record in enumerate(records):
+        check_record(record, f"records[{number}]")
+        test, validation = record["test"], record["validation"]
+        rows.append({
+            "system": f"transformer_lib {record['preset']}",
+            "device": record["device"],
+            "device name": record["device_name"] + (f" ({record['cores']} cores)" * (record["device"] == "cpu"
+                                                                                     and bool(record["cores"]))),
+            "training minutes": record["training_minutes"],
+            "steps": record["steps"],
+            "decoding": _decoding_text(record["decoding"]),
+            "validation BLEU": math.nan if validation is None else validation["bleu"],
+            "test BLEU": test["bleu"],
+            "test chrF": test["chrf"],
+            "BP": test.get("bp", math.nan),
+            "length ratio": test.get("ratio", math.nan),
+            "lower-cased tokenized test BLEU": (math.nan if record["test_lowercase_tokenized_bleu"] is None
+                                               else record["test_lowercase_tokenized_bleu"]),
+            "metric": f"{SACREBLEU_METRIC} ({test['bleu_signature']})",
+            "date": record["date"],
+        })
+    for number, row in enumerate(tutorials):
+        unknown = [key for key in row if key not in COLUMNS]
+        if unknown or "system" not in row or "metric" not in row:
+            raise ValueError(f"tutorials[{number}] must name its system and metric and use only the columns "
+                             f"{', '.join(COLUMNS)}; got {sorted(row)}")
+        rows.append({column: row.get(column, math.nan) for column in COLUMNS})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
