@@ -235,9 +235,14 @@ def test_attention_explorer_in_the_browser(browser, tmp_path):
     wait_for(page, shows, 2, "encoder self", 1, 5)
     page.locator('.vega-bindings input[name="module"][value="decoder self"]').check()
     wait_for(page, shows, 2, "decoder self", 1, 5)
+    width = page.locator(".vega-embed svg").bounding_box()["width"]
     page.locator('.vega-bindings input[name="untrained"]').check()
     wait_for(page, shows, 2, "decoder self", 1, 5, ("trained", "untrained"))
     assert {cell["model"] for cell in drawn(page)} == {"trained", "untrained"}
+    right = page.eval_on_selector_all('.vega-embed path[aria-roledescription="rect mark"]',
+                                      "paths => Math.max(...paths.map(p => p.getBoundingClientRect().right))")
+    svg = page.locator(".vega-embed svg").bounding_box()
+    assert svg["width"] > 1.5 * width and right <= svg["x"] + svg["width"] + 1, "the second panel is cut off"
     check_offline(log)
     page.close()
 

@@ -192,8 +192,10 @@ def beam_explorer(model: Transformer, tokenizer, sources: Sequence[str], beam_si
     final = alt.Chart(alt.Data(name="beam_final"), title="where the search ends, ranked, and greedy decoding"
                       ).transform_filter("datum.sentence == sentence && datum.alpha == alpha").mark_bar().encode(
         x=x, y=y, color=alt.Color("status:N", scale=colours), tooltip=tooltip).properties(width=320)
-    return alt.vconcat(counts, steps, final, usermeta=EMBED_OPTIONS,  # the steps' table once, for two panels
-                       datasets={"beam_steps": steps_rows, "beam_final": final_rows}).add_params(sentence, alpha, step)
+    return alt.vconcat(  # the steps' table once, for two panels; the page resizes as the hypotheses' labels change
+        counts, steps, final, usermeta=EMBED_OPTIONS, autosize=alt.AutoSizeParams(type="pad", resize=True),
+        datasets={"beam_steps": steps_rows, "beam_final": final_rows},
+    ).add_params(sentence, alpha, step)
 
 
 def _blocks(maps: Mapping[str, Tensor], b: int, kind: str, n_layers: int, n_src: int, n_tgt: int) -> Tensor:
@@ -291,4 +293,5 @@ def attention_explorer(maps: Mapping[str, Tensor], src_tokens: Sequence[Sequence
                  alt.Tooltip("heads:N", title="head")],
     ).properties(width=alt.Step(18), height=alt.Step(18))
     return chart.facet(column=alt.Column("model:N", title=None, sort=["trained", "untrained"])).add_params(
-        *params).properties(usermeta=EMBED_OPTIONS)
+        *params).properties(usermeta=EMBED_OPTIONS, autosize=alt.AutoSizeParams(type="pad", resize=True))  # the page
+    # makes room for the second panel when the checkbox adds it
