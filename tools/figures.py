@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing the package
 
 import transformer_lib as tl  # noqa: E402
-from transformer_lib import decoding, masks, model, training  # noqa: E402
+from transformer_lib import decoding, explorers, masks, model, training  # noqa: E402
 
 FIGURES_DIR = ROOT / "book" / "figures"
 MANIFEST = FIGURES_DIR / "manifest.json"
@@ -592,40 +592,9 @@ def _reversal_batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return batches
 
 
-def _traced_beam_search(net, src: torch.Tensor, k: int, max_len: int, alpha: float) -> list[dict]:
-    """decoding.beam_search for one sentence, recording every step's candidates; same scoring, no cache."""
-    memory = net.encode(src)
-    src_mask = masks.padding_mask(src, net.cfg.pad_id)
-    beams = [{"tokens": [tl.BOS_ID], "score": 0.0, "length": 0, "finished": False}]
-    steps = []
-    for _ in range(max_len):
-        tokens = torch.tensor([b["tokens"] for b in beams])  # (alive, t)
-        logits = net.decode(tokens, memory.expand(len(beams), -1, -1), src_mask.expand(len(beams), -1, -1, -1))
-        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (alive, V)
-        candidates = []
-        for b, beam in enumerate(beams):
-            if beam["finished"]:  # a finished hypothesis extends only with <pad>, at no cost
-                candidates.append({**beam, "tokens": beam["tokens"] + [tl.PAD_ID], "parent": b})
-                continue
-            for token in range(log_probs.size(1)):
-                length = beam["length"] + 1
-                score = beam["score"] + float(log_probs[b, token])  # summed log-probabilities, as in beam_search
-                candidates.append({"tokens": beam["tokens"] + [token], "score": score, "length": length,
-                                   "finished": token == tl.EOS_ID, "parent": b})
-        for c in candidates:
-            c["ranked"] = c["score"] / float(decoding.length_penalty(torch.tensor(c["length"]), alpha))
-        order = sorted(range(len(candidates)), key=lambda i: -candidates[i]["ranked"])
-        kept = order[:k]
-        steps.append({"candidates": candidates, "kept": kept, "parents": beams})
-        beams = [candidates[i] for i in kept]
-        if all(b["finished"] for b in beams):
-            break
-    return steps
-
-
-@figure("beam_search_tree.svg", deps=(decoding.beam_search, decoding.length_penalty, training.train,
-                                       training.make_optimizer, training.translation_loss, decoding.greedy_decode,
-                                       model.Transformer))
+@figure("beam_search_tree.svg", deps=(decoding.beam_search, decoding.length_penalty, explorers.trace_beam_search,
+                                       training.train, training.make_optimizer, training.translation_loss,
+                                       decoding.greedy_decode, model.Transformer))
 def beam_search_tree() -> plt.Figure:
     """A beam-search tree (k = 3, alpha = 0.6) from a small reversal model trained here for a few seconds."""
     torch.set_num_threads(1)
@@ -641,7 +610,7 @@ def beam_search_tree() -> plt.Figure:
     digits = _beam_beats_greedy(net, first, k, alpha, max_len)
     src = torch.tensor([[first + d for d in digits]])  # (1, S)
     with torch.no_grad():
-        steps = _traced_beam_search(net, src, k, max_len, alpha)
+        steps = explorers.trace_beam_search(net, src, k, max_len, alpha)  # each parent's best k, the kept among them
         library = decoding.beam_search(net, src, beam_size=k, max_len=max_len, alpha=alpha)[0].tolist()
         greedy = decoding.greedy_decode(net, src, max_len, tl.BOS_ID, tl.EOS_ID)[0].tolist()
     final = [steps[-1]["candidates"][i] for i in steps[-1]["kept"]]

@@ -2,8 +2,8 @@
 
 The modules of the chapters (embedding, positional, attention, masks, multihead, model, training, decoding, data,
 scoring, translation, attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading (the exercise graders), distributed (training
-under torchrun), runs (safe files, settings checks, clear errors) and cli (the command line, `python -m
-transformer_lib`) are written by hand.
+under torchrun), runs (safe files, settings checks, clear errors), explorers (the interactive figures of chapters 8
+and 9) and cli (the command line, `python -m transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
@@ -21,6 +21,7 @@ from transformer_lib.embedding import (
     train_bpe_tokenizer,
     train_word_tokenizer,
 )
+from transformer_lib.explorers import attention_explorer, beam_explorer
 from transformer_lib.masks import causal_mask, padding_mask, target_mask
 from transformer_lib.model import (
     Decoder,
@@ -70,6 +71,8 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "UNK_ID",
+    "attention_explorer",
+    "beam_explorer",
     "beam_search",
     "causal_mask",
     "check_mask",

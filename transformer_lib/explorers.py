@@ -1,0 +1,297 @@
+"""Interactive explorers for chapters 8 and 9: Vega-Altair charts that a reader handles in the static page.
+
+Written by hand (not generated from a notebook). Each function takes numbers the chapter has just computed with the
+library, puts them, rounded, into the chart, and returns an `altair` chart; the page draws it in the reader's browser,
+with no kernel (CONTRIBUTING.md, 'Interactive figures'). Altair is imported inside the functions only: importing
+transformer_lib does not import it.
+
+- trace_beam_search: decoding.beam_search for one sentence, step by step, with what it kept and what it pruned.
+- beam_explorer: chapter 8's explorer of that trace, a slider for the step and a choice of length penalty.
+- attention_explorer: chapter 9's explorer of the attention maps that attention_maps.collect_attention returns.
+"""
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from transformer_lib.decoding import greedy_decode, length_penalty
+from transformer_lib.embedding import BOS_ID, EOS_ID, PAD_ID
+from transformer_lib.masks import padding_mask
+from transformer_lib.model import Transformer
+
+EMBED_OPTIONS = {"embedOptions": {"actions": False, "renderer": "svg"}}  # no menu that links out; SVG marks
+MODULE_KINDS = {"encoder self": "encoder.{}.self", "decoder self": "decoder.{}.self", "cross": "decoder.{}.cross"}
+
+
+@torch.no_grad()
+def trace_beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    max_len: int | None = None,
+    alpha: float = 0.6,
+    top: int | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[dict]:
+    """decoding.beam_search for one sentence (src of shape (1, S)), recording every step; same scoring, no cache.
+
+    Returns one dict per step: "parents", the hypotheses the step extended (the beam before it); "candidates", the
+    best `top` extensions of each parent (top defaults to, and is at least, beam_size, so that every kept one is
+    there; a finished parent has one, itself extended by <pad> at no cost); "kept", the indices into candidates of
+    the new beam, best first; "n_candidates", how many extensions the step ranked in all (the pruned ones are
+    n_candidates - len(kept)). A hypothesis is a dict: "tokens" (<bos> first), "score" (summed log-probabilities),
+    "length" (tokens after <bos>, <eos> included), "finished", "parent" (its index in parents) and "ranked" (score /
+    length_penalty(length, alpha), the number beam search compares). The last step's best kept hypothesis, by
+    "ranked", is what beam_search returns.
+    """
+    if src.dim() != 2 or src.size(0) != 1:
+        raise ValueError(f"src must be one sentence of shape (1, S), got shape {tuple(src.shape)}")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size}")
+    k, top = beam_size, max(top or beam_size, beam_size)
+    was_training = model.training
+    model.eval()
+    try:
+        max_len = max_len or min(model.cfg.max_len - 1, src.size(1) + 50)  # beam_search's default
+        pad_id = model.cfg.pad_id
+        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (1, S, d_model)
+        beams = [{"tokens": [bos_id], "score": 0.0, "length": 0, "finished": False}]
+        steps = []
+        for _ in range(max_len):
+            n = len(beams)
+            tokens = torch.tensor([b["tokens"] for b in beams], device=src.device)  # (n, t)
+            logits = model.decode(tokens, memory.expand(n, -1, -1), src_mask.expand(n, -1, -1, -1))[:, -1]  # (n, V)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+            finished = torch.tensor([b["finished"] for b in beams], device=src.device)  # (n,)
+            log_probs[finished] = float("-inf")  # as in beam_search: a finished one extends only with <pad>
+            log_probs[finished, pad_id] = 0.0
+            scores = torch.tensor([b["score"] for b in beams], device=src.device)  # (n,), float32 as in beam_search
+            lengths = torch.tensor([b["length"] for b in beams], device=src.device)  # (n,)
+            candidates = scores[:, None] + log_probs  # (n, V)
+            new_lengths = lengths + (~finished).long()  # (n,)
+            ranked = candidates / length_penalty(new_lengths, alpha)[:, None]  # (n, V)
+            vocab = ranked.size(1)
+            kept_flat = ranked.view(-1).topk(k).indices.tolist()  # the new beam, best first
+            best = ranked.topk(min(top, vocab), dim=1).indices.tolist()  # (n, top): each parent's best
+            records, where = [], {}
+            for b, row in enumerate(best):
+                for token in row:
+                    if ranked[b, token].item() == float("-inf"):
+                        continue
+                    where[b, token] = len(records)
+                    records.append({"tokens": beams[b]["tokens"] + [token], "score": candidates[b, token].item(),
+                                    "length": int(new_lengths[b]), "finished": bool(finished[b]) or token == eos_id,
+                                    "parent": b, "ranked": ranked[b, token].item()})
+            kept = [where[f // vocab, f % vocab] for f in kept_flat]
+            n_candidates = int(torch.isfinite(ranked).sum())
+            steps.append({"candidates": records, "kept": kept, "parents": beams, "n_candidates": n_candidates})
+            beams = [records[i] for i in kept]
+            if all(b["finished"] for b in beams):
+                break
+        return steps
+    finally:
+        model.train(was_training)
+
+
+def _text(tokenizer, tokens: Sequence[int]) -> str:
+    """A hypothesis as text: its pieces after <bos> decoded, and "<eos>" where it has ended."""
+    ids = [t for t in tokens[1:] if t not in (EOS_ID, PAD_ID)]
+    words = tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+    return (words + " <eos>").strip() if EOS_ID in tokens else words or "(nothing yet)"
+
+
+def beam_rows(model: Transformer, tokenizer, sources: Sequence[str], beam_size: int = 4,
+              alphas: Sequence[float] = (0.0, 0.6, 1.0), max_len: int | None = None, pruned_shown: int | None = None
+              ) -> tuple[list[dict], list[dict]]:
+    """The tables that beam_explorer draws: (step rows, final rows). Each step row is one hypothesis of one step of
+    one search (sentence, alpha): the beam_size kept (status "alive" or "finished") and the best pruned_shown
+    (default beam_size) of the pruned; "pruned" counts every pruned one. The final rows are each search's last beam,
+    ranked by score / length penalty, and greedy decoding's choice (status "greedy") scored the same way."""
+    device = next(model.parameters()).device
+    pruned_shown = beam_size if pruned_shown is None else pruned_shown
+    steps_rows, final_rows = [], []
+    for s, sentence in enumerate(sources):
+        src = torch.tensor([tokenizer.encode(sentence).ids], device=device)  # (1, S)
+        cap = max_len or min(model.cfg.max_len - 1, src.size(1) + 50)
+        greedy = [BOS_ID] + greedy_decode(model, src, cap, BOS_ID, EOS_ID)[0].tolist()
+        greedy = greedy[: greedy.index(EOS_ID) + 1] if EOS_ID in greedy else greedy
+        with torch.no_grad():  # greedy's log-probability: beam search of size 1 is greedy decoding
+            greedy_trace = trace_beam_search(model, src, 1, cap, 0.0)[-1]
+        greedy_best = greedy_trace["candidates"][greedy_trace["kept"][0]]
+        for alpha in alphas:
+            # the best pruned_shown pruned ones are among each parent's best beam_size + pruned_shown
+            trace = trace_beam_search(model, src, beam_size, cap, alpha, top=beam_size + pruned_shown)
+            for t, step in enumerate(trace, start=1):
+                kept = set(step["kept"])
+                pruned = sorted((i for i in range(len(step["candidates"])) if i not in kept),
+                                key=lambda i: -step["candidates"][i]["ranked"])[:pruned_shown]
+                n_finished = sum(step["candidates"][i]["finished"] for i in step["kept"])
+                for rank, i in enumerate(step["kept"] + pruned, start=1):
+                    c = step["candidates"][i]
+                    status = ("finished" if c["finished"] else "alive") if i in kept else "pruned"
+                    steps_rows.append({
+                        "sentence": s, "alpha": alpha, "step": t, "steps": len(trace), "rank": rank, "status": status,
+                        "hypothesis": f"{rank}. {_text(tokenizer, c['tokens'])}", "log_p": round(c["score"], 3),
+                        "length": c["length"], "score": round(c["ranked"], 3), "kept": len(step["kept"]),
+                        "finished": n_finished, "pruned": step["n_candidates"] - len(step["kept"]),
+                    })
+            last = trace[-1]
+            final = sorted((last["candidates"][i] for i in last["kept"]), key=lambda c: -c["ranked"])
+            shown = [(c, "chosen" if r == 0 else ("finished" if c["finished"] else "cut at max_len"))
+                     for r, c in enumerate(final)]
+            lp = float(length_penalty(torch.tensor(greedy_best["length"]), alpha))
+            shown.append(({**greedy_best, "ranked": greedy_best["score"] / lp, "tokens": greedy}, "greedy"))
+            for rank, (c, status) in enumerate(shown, start=1):
+                name = "greedy" if status == "greedy" else f"{rank}."
+                final_rows.append({"sentence": s, "alpha": alpha, "rank": rank, "status": status,
+                                   "hypothesis": f"{name} {_text(tokenizer, c['tokens'])}",
+                                   "log_p": round(c["score"], 3), "length": c["length"],
+                                   "score": round(c["ranked"], 3)})
+    return steps_rows, final_rows
+
+
+def beam_explorer(model: Transformer, tokenizer, sources: Sequence[str], beam_size: int = 4,
+                  alphas: Sequence[float] = (0.0, 0.6, 1.0), max_len: int | None = None):
+    """An Altair chart of beam search on one or two source sentences (plain text, encoded with tokenizer).
+
+    A slider picks the step; radio buttons pick the sentence and the length penalty's alpha (one search per alpha,
+    traced by trace_beam_search). The upper panel shows the step's beam (alive and finished hypotheses) and the best
+    pruned candidates, as bars of score / length penalty; the lower one the search's last beam, ranked, next to
+    greedy decoding's translation scored the same way. Every number comes from the traces (beam_rows).
+    """
+    import altair as alt
+
+    steps_rows, final_rows = beam_rows(model, tokenizer, sources, beam_size, alphas, max_len)
+    longest = max(row["steps"] for row in steps_rows)
+    sentence = alt.param(name="sentence", value=0, bind=alt.binding_radio(
+        options=list(range(len(sources))), labels=[f"sentence {s + 1}" for s in range(len(sources))],
+        name="source: "))
+    alpha = alt.param(name="alpha", value=alphas[len(alphas) // 2],
+                      bind=alt.binding_radio(options=list(alphas), name="length penalty α: "))
+    step = alt.param(name="step", value=1, bind=alt.binding_range(min=1, max=longest, step=1, name="step: "))
+    colours = alt.Scale(domain=["alive", "finished", "pruned", "chosen", "cut at max_len", "greedy"],
+                        range=["#4c72b0", "#55a868", "#cccccc", "#c44e52", "#8172b3", "#dd8452"])
+    tooltip = ["hypothesis:N", "status:N", alt.Tooltip("log_p:Q", title="log P", format=".3f"), "length:Q",
+               alt.Tooltip("score:Q", title="log P / penalty", format=".3f")]
+    x = alt.X("score:Q", title="log P / length penalty (higher is better)")
+    y = alt.Y("hypothesis:N", sort=alt.EncodingSortField("rank"), title=None, axis=alt.Axis(labelLimit=420))
+    steps = alt.Chart(alt.Data(name="beam_steps"), title="the beam at the chosen step (past the end: the last step)"
+                      ).transform_filter(
+        "datum.sentence == sentence && datum.alpha == alpha && datum.step == min(step, datum.steps)"
+    ).mark_bar().encode(x=x, y=y, color=alt.Color("status:N", scale=colours, title="hypothesis"), tooltip=tooltip
+                        ).properties(width=320)
+    counts = alt.Chart(alt.Data(name="beam_steps")).transform_filter(
+        "datum.sentence == sentence && datum.alpha == alpha && datum.step == min(step, datum.steps) && datum.rank == 1"
+    ).transform_calculate(
+        line="'step ' + datum.step + ' of ' + datum.steps + ': ' + datum.kept + ' kept (' + datum.finished"
+             " + ' finished), ' + format(datum.pruned, ',') + ' pruned'"
+    ).mark_text(align="left", fontSize=12).encode(text="line:N").properties(width=320, height=20)
+    final = alt.Chart(alt.Data(name="beam_final"), title="where the search ends, ranked, and greedy decoding"
+                      ).transform_filter("datum.sentence == sentence && datum.alpha == alpha").mark_bar().encode(
+        x=x, y=y, color=alt.Color("status:N", scale=colours), tooltip=tooltip).properties(width=320)
+    return alt.vconcat(  # the steps' table once, for two panels; the page resizes as the hypotheses' labels change
+        counts, steps, final, usermeta=EMBED_OPTIONS, autosize=alt.AutoSizeParams(type="pad", resize=True),
+        datasets={"beam_steps": steps_rows, "beam_final": final_rows},
+    ).add_params(sentence, alpha, step)
+
+
+def _blocks(maps: Mapping[str, Tensor], b: int, kind: str, n_layers: int, n_src: int, n_tgt: int) -> Tensor:
+    """Sentence b's maps of one module kind without padding: (L, h, n_q, n_k), head mean appended: (L, h + 1, ...)."""
+    n_q = n_src if kind == "encoder self" else n_tgt
+    n_k = n_tgt if kind == "decoder self" else n_src
+    stack = torch.stack([maps[MODULE_KINDS[kind].format(i)][b, :, :n_q, :n_k].float().cpu() for i in range(n_layers)])
+    return torch.cat([stack.mean(dim=1, keepdim=True), stack], dim=1)  # head 0 is the mean of the heads
+
+
+def attention_rows(maps: Mapping[str, Tensor], src_tokens: Sequence[Sequence[str]], in_tokens: Sequence[Sequence[str]],
+                   out_tokens: Sequence[Sequence[str]] | None = None, untrained_maps: Mapping[str, Tensor] | None = None
+                   ) -> tuple[list[dict], list[dict]]:
+    """The tables that attention_explorer draws: (maps rows, label rows).
+
+    A map row is one (sentence, module kind, layer, head, model)'s weights without padding, row-major, in
+    thousandths (integers: the weight rounded to 3 decimals, times 1000), under "w"; layers and heads count from 1,
+    head 0 is the mean of the heads. A label row holds one (sentence, module kind)'s query and key labels ("3 Hund",
+    position and piece) and the number of keys, which the chart uses to cut "w" into rows.
+    """
+    n_layers = sum(name.startswith("encoder.") for name in maps)
+    models = {"trained": maps} | ({"untrained": untrained_maps} if untrained_maps is not None else {})
+    map_rows, label_rows = [], []
+    for b, (src, dec) in enumerate(zip(src_tokens, in_tokens)):
+        out = out_tokens[b] if out_tokens is not None else dec
+        src_labels = [f"{i} {t}" for i, t in enumerate(src)]
+        labels = {"encoder self": (src_labels, src_labels),
+                  "decoder self": ([f"{i} {t}" for i, t in enumerate(dec)],) * 2,
+                  "cross": ([f"{i} {t}" for i, t in enumerate(out)], src_labels)}
+        for kind, (queries, keys) in labels.items():
+            label_rows.append({"grid": f"{b}|{kind}", "queries": queries, "keys": keys, "n_keys": len(keys)})
+            for model_name, model_maps in models.items():
+                blocks = _blocks(model_maps, b, kind, n_layers, len(src), len(dec))  # (L, h + 1, n_q, n_k)
+                for layer in range(n_layers):
+                    for head in range(blocks.size(1)):
+                        w = (blocks[layer, head] * 1000).round().int().flatten().tolist()
+                        map_rows.append({"sentence": b, "module": kind, "layer": layer + 1, "head": head,
+                                         "model": model_name, "grid": f"{b}|{kind}", "w": w})
+    return map_rows, label_rows
+
+
+def attention_explorer(maps: Mapping[str, Tensor], src_tokens: Sequence[Sequence[str]],
+                       in_tokens: Sequence[Sequence[str]], out_tokens: Sequence[Sequence[str]] | None = None,
+                       untrained_maps: Mapping[str, Tensor] | None = None, sentence_names: Sequence[str] | None = None):
+    """An Altair heatmap of attention weights with controls: sentence, module kind, layer, head (or their mean).
+
+    maps is what attention_maps.collect_attention returns (names like "decoder.2.cross", each (B, h, T_q, T_k));
+    src_tokens[b] are sentence b's source pieces (keys of the encoder and of cross-attention), in_tokens[b] the
+    pieces the decoder read (its self-attention's queries and keys), out_tokens[b] the pieces it wrote (labels of
+    cross-attention's query rows; in_tokens when None). Padding beyond those lengths is left out. untrained_maps,
+    the same maps of an untrained model, adds a checkbox that draws its map beside the trained one. Weights are
+    shown rounded to 3 decimals; hovering a cell shows its weight.
+    """
+    import altair as alt
+
+    map_rows, label_rows = attention_rows(maps, src_tokens, in_tokens, out_tokens, untrained_maps)
+    n_layers = max(row["layer"] for row in map_rows)
+    n_heads = max(row["head"] for row in map_rows)
+    names = sentence_names or [f"sentence {b + 1}" for b in range(len(src_tokens))]
+    params = [
+        alt.param(name="sentence", value=0, bind=alt.binding_select(options=list(range(len(names))),
+                                                                    labels=list(names), name="sentence: ")),
+        alt.param(name="module", value="cross", bind=alt.binding_radio(options=list(MODULE_KINDS),
+                                                                       name="attention: ")),
+        alt.param(name="layer", value=n_layers, bind=alt.binding_select(options=list(range(1, n_layers + 1)),
+                                                                        name="layer: ")),
+        alt.param(name="head", value=0, bind=alt.binding_select(
+            options=list(range(n_heads + 1)), labels=["mean of the heads"] + [str(h) for h in range(1, n_heads + 1)],
+            name="head: ")),
+    ]
+    shown = "datum.model == 'trained'"
+    if untrained_maps is not None:
+        params.append(alt.param(name="untrained", value=False,
+                                bind=alt.binding_checkbox(name="the untrained model beside it ")))
+        shown = "(datum.model == 'trained' || untrained)"
+    chart = alt.Chart(alt.Data(values=map_rows)).transform_filter(
+        f"datum.sentence == sentence && datum.module == module && datum.layer == layer && datum.head == head && {shown}"
+    ).transform_lookup(
+        lookup="grid",
+        from_=alt.LookupData(alt.Data(values=label_rows), key="grid", fields=["queries", "keys", "n_keys"]),
+    ).transform_calculate(
+        index="sequence(0, length(datum.w))"
+    ).transform_flatten(
+        ["w", "index"], as_=["thousandths", "index"]
+    ).transform_calculate(
+        q="floor(datum.index / datum.n_keys)", k="datum.index % datum.n_keys", weight="datum.thousandths / 1000",
+    ).transform_calculate(
+        query="datum.queries[datum.q]", key="datum.keys[datum.k]",
+        heads="datum.head == 0 ? 'mean' : '' + datum.head",
+    ).mark_rect().encode(
+        x=alt.X("key:N", sort=alt.EncodingSortField("k"), title="attended to (keys)"),
+        y=alt.Y("query:N", sort=alt.EncodingSortField("q"), title="attending (queries)"),
+        color=alt.Color("weight:Q", scale=alt.Scale(scheme="viridis", domain=[0, 1]), title="attention weight"),
+        tooltip=["key:N", "query:N", alt.Tooltip("weight:Q", format=".3f"), "model:N", "layer:Q",
+                 alt.Tooltip("heads:N", title="head")],
+    ).properties(width=alt.Step(18), height=alt.Step(18))
+    return chart.facet(column=alt.Column("model:N", title=None, sort=["trained", "untrained"])).add_params(
+        *params).properties(usermeta=EMBED_OPTIONS, autosize=alt.AutoSizeParams(type="pad", resize=True))  # the page
+    # makes room for the second panel when the checkbox adds it
