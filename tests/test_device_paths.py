@@ -132,7 +132,7 @@ def test_fp16_a_forward_overflow_is_a_step_the_scaler_skips_not_the_end_of_the_r
                       progress=False)
     assert state.step == 8
     assert scaler.get_scale() == 2.0**8  # halved at each of the two skipped steps
-    assert all(torch.isfinite(torch.tensor(loss)) for _, loss in state.history)  # skipped steps are not averaged
+    assert all(torch.isfinite(torch.tensor(loss)) for _, loss, _ in state.history)  # skipped steps are not averaged
     assert not [w for w in caught if "lr_scheduler" in str(w.message)], [str(w.message) for w in caught]
 
 

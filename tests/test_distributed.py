@@ -196,8 +196,8 @@ def test_two_gloo_processes_train_exactly_like_one_on_the_global_batch(tmp_path,
         # is ~1e-2 after clipping to norm 1; 4 SGD steps of lr 0.5 then part weights (|w| <= 1) by ~1.6e-7. Seen:
         # 1.2e-7 with every mix of 1 and 2 threads and batch orders, losses (~3) 4e-7. 1e-5 leaves 25x; without
         # token_share's weight the weights differ by 2e-2 and the losses by 0.2.
-        assert [s for s, _ in r["history"]] == [s for s, _ in state.history] == list(range(1, STEPS + 1))
-        torch.testing.assert_close([v for _, v in r["history"]], [v for _, v in state.history], rtol=1e-5, atol=1e-5)
+        assert [s for s, *_ in r["history"]] == [s for s, *_ in state.history] == list(range(1, STEPS + 1))
+        torch.testing.assert_close([v for _, v, _ in r["history"]], [v for _, v, _ in state.history], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(r["weights"], model.state_dict(), rtol=1e-5, atol=1e-5)
 
 
@@ -240,12 +240,12 @@ def test_the_command_line_under_torchrun_matches_one_process(tmp_path):
 
     two_history = json.loads((tmp_path / "two" / "history.json").read_text())["train_loss"]
     one_history = json.loads((tmp_path / "one" / "history.json").read_text())["train_loss"]
-    assert [s for s, _ in two_history] == [s for s, _ in one_history] == [10, 20]
+    assert [s for s, *_ in two_history] == [s for s, *_ in one_history] == [10, 20]
     # The same global batches in the same order, so the same losses up to the order of floating-point additions: a
     # step's loss sums ~1,000 tokens pairwise, rounding ~ eps 1.2e-7 x log2(1,000) ~ 1.2e-6 of it, and the weights
     # Adam scatters (below) do not move it to first order. Seen: 1e-7 of it (1 or 2 threads, either process count);
     # without token_share's weight, 2.5e-5.
-    torch.testing.assert_close([v for _, v in two_history], [v for _, v in one_history], rtol=1e-5, atol=0)
+    torch.testing.assert_close([v for _, v, _ in two_history], [v for _, v, _ in one_history], rtol=1e-5, atol=0)
     assert (tmp_path / "two" / "tokenizer.json").read_text() == (tmp_path / "one" / "tokenizer.json").read_text()
 
     model, tokenizer = tl.load_translator(tmp_path / "two", device="cpu")  # saved unwrapped: no 'module.' prefix

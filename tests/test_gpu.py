@@ -67,7 +67,7 @@ def test_no_host_sync_between_settle_points(autocast, monkeypatch):
                       state=training.TrainState(step=2), progress=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert state.step == 22 and [step for step, _ in state.history] == [10, 20, 22]
+    assert state.step == 22 and [step for step, *_ in state.history] == [10, 20, 22]
 
 
 def test_a_checkpoint_saved_on_cuda_resumes_on_the_cpu_and_back(tmp_path):

@@ -209,7 +209,7 @@ def test_tiny_end_to_end_run_on_offline_multi30k(tmp_path, monkeypatch):
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
     monkeypatch.setenv(data.DATA_ENV, str(DATA))
     summary = tr.train_translator(tmp_path, preset="tiny", train_limit=2000, max_steps=120, progress=False)
-    losses = [loss for _, loss in summary["history"]]
+    losses = [loss for _, loss, _ in summary["history"]]
     assert losses[-1] < 0.75 * losses[0], losses
     assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "tokenizer.json").is_file()
     model, tokenizer = tr.load_translator(tmp_path)

@@ -53,7 +53,10 @@ NOT_RECORDED = (
 
 
 def code_hash(notebook: dict) -> str:
-    """sha256 of the notebook's code cells, in order: what the stored outputs were computed from."""
+    """sha256 of the notebook's code cells, in order: what the stored outputs were computed from.
+
+    transformer_lib.scoreboard.notebook_code_hash computes the same from the file, for chapter 8's scoreboard record.
+    """
     digest = hashlib.sha256()
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":

@@ -47,7 +47,15 @@ from transformer_lib.training import (
     train,
     translation_loss,
 )
-from transformer_lib.translation import load_translator, train_translator, translate
+from transformer_lib import scoreboard  # noqa: E402  (the records of full runs: tl.scoreboard)
+from transformer_lib.translation import (
+    average_checkpoints,
+    decoding_settings,
+    epoch_weights,
+    load_translator,
+    train_translator,
+    translate,
+)
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
@@ -72,6 +80,7 @@ __all__ = [
     "TransformerConfig",
     "UNK_ID",
     "attention_explorer",
+    "average_checkpoints",
     "beam_explorer",
     "beam_search",
     "causal_mask",
@@ -80,6 +89,8 @@ __all__ = [
     "corpus_scores",
     "count_parameters",
     "decode_step",
+    "decoding_settings",
+    "epoch_weights",
     "explicit_attention",
     "get_device",
     "greedy_decode",

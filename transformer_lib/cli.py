@@ -476,8 +476,7 @@ def _choose_decoding(args: argparse.Namespace) -> dict:
     alpha = args.alpha if args.alpha is not None else source["alpha"]
     if args.beam is None and args.alpha is None:
         averaged = source["average_last"]
-        weights = (f"; it names the average of the last {averaged} epochs' weights, and --checkpoint's weights are "
-                   f"used as they are") if averaged > 1 else ""
+        weights = f", with the average of the weights of the last {averaged} epochs" if averaged > 1 else ""
         print(f"note: decoding with beam {beam} and alpha {alpha:g}, from {where}{weights}", file=sys.stderr)
     elif args.beam is None or args.alpha is None:
         print(f"note: decoding with beam {beam} ({'--beam' if args.beam is not None else f'from {where}'}) and alpha "

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import pickle
+import re
 import secrets
 import signal
 import stat
@@ -175,6 +176,12 @@ RULES: dict[str, dict[str, tuple]] = {
         "checkpoint_every": (_positive_int, "a positive integer (steps between checkpoints)"),
         "bleu_every": (_non_negative_int, "an integer >= 0 (epochs between BLEU scores; 0 for never)"),
         "tokenizer": (lambda v: v in ("bpe", "word"), "'bpe' or 'word'"),
+        "keep_checkpoints": (_positive_int, "a positive integer (epochs whose weights are kept for averaging)"),
+    },
+    "decoding": {
+        "beam_size": (lambda v: _positive_int(v) and v <= 32, "an integer from 1 (greedy search) to 32"),
+        "alpha": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
+        "average_last": (_positive_int, "a positive integer (epochs whose weights are averaged; 1: the final ones)"),
     },
 }
 
@@ -358,6 +365,9 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
     if overwrite:
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
+        for path in out.iterdir():  # the weights kept from the end of the old run's epochs (train_translator)
+            if re.fullmatch(r"epoch-\d{3,}\.pt", path.name):
+                path.unlink()
     return out
 
 

@@ -10,6 +10,7 @@ beside published tutorials (`TUTORIAL_ROWS`), with a "metric" column that says w
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -248,3 +249,18 @@ def scoreboard_table(records: list[dict], tutorials: tuple[dict, ...] | list[dic
                              f"{', '.join(COLUMNS)}; got {sorted(row)}")
         rows.append({column: row.get(column, math.nan) for column in COLUMNS})
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def notebook_code_hash(notebook: str | Path) -> str:
+    """sha256 of a notebook's code cells, in order: what its stored outputs were computed from.
+
+    The same hash as the one tools/run_heavy_chapters.py records in chapters 8 and 9, so that a scoreboard record
+    written by chapter 8 names the code that made it.
+    """
+    cells = json.loads(read_text(notebook, "notebook"))["cells"]
+    digest = hashlib.sha256()
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            digest.update(source.encode("utf-8") + b"\0")
+    return digest.hexdigest()
