@@ -147,3 +147,40 @@ def test_carriage_returns_collapse_like_a_terminal():
 )
 def test_the_note_says_the_wall_time_in_words(minutes, words):
     assert heavy.duration(minutes) == words
+
+
+SCOREBOARD = ROOT / "benchmarks" / "results" / "scoreboard"
+
+
+def cell_text(cell: dict) -> str:
+    """Everything a stored code cell shows as text: its streams and the text/plain and text/html of its results."""
+    parts = []
+    for output in cell.get("outputs", []):
+        parts.append("".join(output.get("text", "")))
+        for kind in ("text/plain", "text/html"):
+            parts.append("".join(output.get("data", {}).get(kind, "")))
+    return "\n".join(parts)
+
+
+def test_the_scoreboard_and_chapter_8_tell_the_same_run():
+    """Chapter 8's full run writes benchmarks/results/scoreboard/<preset>-<device>.json and shows the table of the
+    records; the record it wrote must be the run whose outputs the chapter stores, and the table must show it."""
+    from transformer_lib.scoreboard import read_scoreboard, scoreboard_table
+
+    notebook = load(ROOT / "book" / "08_translation.ipynb")
+    run = notebook["metadata"][heavy.RECORD_KEY]["run"]
+    records = read_scoreboard(SCOREBOARD)
+    ours = [r for r in records if r["code_hash"] == run["code_hash"]]
+    assert len(ours) == 1, f"no scoreboard record (or several) carries chapter 8's code hash {run['code_hash']}"
+    record = ours[0]
+    assert record["device"] == run["hardware"]["device"] and record["chosen_on"] == "validation"
+    cells = {"".join(c["source"]).split("\n")[0]: c for _, c in code_cells(notebook)}
+    table = cell_text(next(c for first, c in cells.items() if first.startswith("in_repository = ")))
+    shown = scoreboard_table(records)  # the table the chapter drew, from the records as they are now
+    for value in (record["test"]["bleu"], record["test"]["chrf"], record["validation"]["bleu"]):
+        assert f"{value:.2f}"[:-1] in table, f"the scoreboard table in chapter 8 does not show {value}"
+    assert len(shown) == len(records) + 1  # one row per record, and the tutorial's
+    scores = cell_text(next(c for first, c in cells.items() if first.startswith("GOALS = ")))
+    assert record["test"]["bleu_line"] in scores  # the test score the chapter printed is the one recorded
+    decoding = record["decoding"]
+    assert f"alpha {decoding['alpha']}" in scores and f"average of the last {decoding['average_last']}" in scores

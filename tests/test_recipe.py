@@ -3,7 +3,7 @@ the recorded decoding settings, the run's length, validation limits, and the che
 
 import json
 import math
-import warnings
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -233,3 +233,17 @@ def test_training_pairs_with_an_empty_side_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv(data.DATA_ENV, str(write_multi30k(tmp_path / "empty", [{"de": " ", "en": "a"}] * 5)))
     with pytest.raises(ValueError, match="all 5 training pairs of multi30k have an empty side"):
         quick_run(tmp_path / "run2", max_steps=1)
+
+
+def test_the_google_drive_cell_does_nothing_outside_colab_when_switched_on(capsys):
+    # Chapter 8's optional cell, as a reader in Colab would switch it on; here google.colab does not exist.
+    notebook = json.loads((Path(__file__).resolve().parents[1] / "book" / "08_translation.ipynb").read_text())
+    [source] = ["".join(c["source"]) for c in notebook["cells"]
+                if c["cell_type"] == "code" and "".join(c["source"]).startswith("USE_GOOGLE_DRIVE = False")]
+    settings = {"run_dir": "runs/multi30k-cpu-de-en"}
+    namespace = {"SETTINGS": settings}
+    exec(source, namespace)  # off by default: nothing happens
+    assert capsys.readouterr().out == "" and settings["run_dir"] == "runs/multi30k-cpu-de-en"
+    exec(source.replace("USE_GOOGLE_DRIVE = False", "USE_GOOGLE_DRIVE = True", 1), namespace)
+    assert "USE_GOOGLE_DRIVE is for Colab" in capsys.readouterr().out
+    assert settings["run_dir"] == "runs/multi30k-cpu-de-en"

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
 sys.path.insert(0, str(ROOT / "tools"))
 
-from run_heavy_chapters import HEAVY_CHAPTERS, stale_stub_error  # noqa: E402
+from run_heavy_chapters import HEAVY_CHAPTERS  # noqa: E402
 
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 # Tags with which nbval or myst-nb let a cell raise or skip it: Run all in Colab honours neither.
@@ -72,7 +72,7 @@ def test_an_unsolved_exercise_prints_what_to_do_and_raises_nothing(path, cell):
                        f"({grader} checks it).\n"), written
 
 
-def ran_top_to_bottom(notebook: dict, name: str, stale_ok: bool = False) -> list[str]:
+def ran_top_to_bottom(notebook: dict, name: str) -> list[str]:
     """What shows that notebook was not run by Run all to its end: an error, a cell left out, cells out of order."""
     problems, counts = [], []
     for index, cell in enumerate(notebook["cells"]):
@@ -83,7 +83,7 @@ def ran_top_to_bottom(notebook: dict, name: str, stale_ok: bool = False) -> list
         else:
             counts.append(cell["execution_count"])
         for output in cell.get("outputs", []):
-            if output.get("output_type") == "error" and not (stale_ok and stale_stub_error(cell, output)):
+            if output.get("output_type") == "error":
                 problems.append(f"{name}, cell {index} raised {output.get('ename')}")
     if counts != sorted(counts) or len(set(counts)) != len(counts):
         problems.append(f"{name}: the cells did not run once each, in order (execution counts {counts})")
@@ -92,9 +92,7 @@ def ran_top_to_bottom(notebook: dict, name: str, stale_ok: bool = False) -> list
 
 @pytest.mark.parametrize("name", HEAVY_CHAPTERS)
 def test_the_stored_run_of_a_heavy_chapter_went_top_to_bottom(name):
-    # The one tolerated error: an exercise stub's NotImplementedError from the run recorded before the graders
-    # printed "not attempted yet", hidden from the page by remove-output until the next run (tools/run_heavy_chapters.py).
-    problems = ran_top_to_bottom(load(BOOK / name), name, stale_ok=True)
+    problems = ran_top_to_bottom(load(BOOK / name), name)
     assert not problems, "\n".join(problems)
 
 

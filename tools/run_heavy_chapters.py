@@ -17,10 +17,7 @@ changes after the run: run this tool again, never edit outputs by hand.
 Chapter 9 reads chapter 8's checkpoint from book/runs/, so the two run in that order, in the book folder.
 Progress bars are stored as a terminal would show them: each carriage-return update replaces the line it rewrites.
 
-No cell may store an error. The one exception is transitional: the recorded run of chapters 8 and 9 predates the
-graders' "not attempted yet" line, so their exercise stubs (cells tagged exercise-stub) still hold the
-NotImplementedError that the graders then let through; those cells are tagged remove-output, so that no page shows
-the traceback. The next run stores the one line instead and drops that tag.
+No cell may store an error; an untouched exercise stub prints one line ("Exercise not attempted yet ...") instead.
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ BOOK = ROOT / "book"
 HEAVY_CHAPTERS = ("08_translation.ipynb", "09_attention_heatmaps.ipynb")
 RECORD_KEY = "transformer_book"
 PROVENANCE_TAG = "provenance"
-STUB_TAG = "exercise-stub"  # an exercise's stub cell (CONTRIBUTING.md, 'Exercises and the student edition')
 SMOKE_MARKERS = ("TRANSFORMER_BOOK_SMOKE=1", "smoke run: True", "smoke run of this chapter")  # never in a full run
 MAX_STREAM_OUTPUTS, MAX_STREAM_LINES = 60, 300  # per cell: a collapsed progress bar is one line per epoch
 NOT_RECORDED = (
@@ -195,21 +191,11 @@ def run_chapter(path: Path, timeout: int) -> dict:
     client.execute()
     record["wall_minutes"] = round((time.perf_counter() - started) / 60, 1)
     tidy_outputs(notebook)
-    for cell in notebook.cells:  # a stub now prints one line, which the page shows (see the module's docstring)
-        tags = cell.get("metadata", {}).get("tags", [])
-        if STUB_TAG in tags and "remove-output" in tags:
-            tags.remove("remove-output")
     notebook.metadata.setdefault(RECORD_KEY, {})["run"] = record
     set_provenance(notebook, provenance_note(record))
     nbformat.write(notebook, path)
     print(f"{path.name}: done in {record['wall_minutes']} min; outputs stored", flush=True)
     return record
-
-
-def stale_stub_error(cell: dict, output: dict) -> bool:
-    """An exercise stub's NotImplementedError from a run before the graders printed instead, hidden from the page."""
-    tags = cell.get("metadata", {}).get("tags", [])
-    return STUB_TAG in tags and "remove-output" in tags and output.get("ename") == "NotImplementedError"
 
 
 def check(paths: list[Path]) -> list[str]:
@@ -227,7 +213,7 @@ def check(paths: list[Path]) -> list[str]:
             if cell["cell_type"] != "code":
                 continue
             for output in cell.get("outputs", []):
-                if output["output_type"] == "error" and not stale_stub_error(cell, output):
+                if output["output_type"] == "error":
                     problems.append(f"{path.name}: cell {index} stored an error ({output.get('ename')})")
                 text = json.dumps(output)
                 if any(marker in text for marker in SMOKE_MARKERS):
