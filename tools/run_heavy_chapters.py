@@ -149,10 +149,13 @@ def drop_repeated_bars(text: str) -> str:
 def tidy_outputs(notebook) -> None:
     """Join each cell's consecutive stream outputs, collapse carriage-return updates (tqdm) and drop the repeated
     finished bar, in place."""
+    import nbformat
+
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
-        cell["outputs"] = merge_streams(cell.get("outputs", []))
+        # merge_streams builds plain dicts; nbformat.write needs its own node type, or it fails after the whole run
+        cell["outputs"] = [nbformat.from_dict(output) for output in merge_streams(cell.get("outputs", []))]
         for output in cell["outputs"]:
             if output.get("output_type") == "stream":
                 output["text"] = drop_repeated_bars(collapse_carriage_returns(output["text"]))
@@ -193,7 +196,13 @@ def run_chapter(path: Path, timeout: int) -> dict:
     tidy_outputs(notebook)
     notebook.metadata.setdefault(RECORD_KEY, {})["run"] = record
     set_provenance(notebook, provenance_note(record))
-    nbformat.write(notebook, path)
+    try:
+        nbformat.write(notebook, path)
+    except Exception:  # never lose a run of most of an hour to a failed write: keep its outputs as plain JSON
+        rescue = path.with_name(f".{path.stem}.rescued.json")
+        rescue.write_text(json.dumps(notebook, ensure_ascii=False, default=str), encoding="utf-8")
+        print(f"{path.name}: writing the notebook failed; its executed form is in {rescue}", flush=True)
+        raise
     print(f"{path.name}: done in {record['wall_minutes']} min; outputs stored", flush=True)
     return record
 
