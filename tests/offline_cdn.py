@@ -69,3 +69,17 @@ def serve_locally(page, served: list[str], refused: list[str]) -> None:
         route.fulfill(path=str(file), content_type=mimetypes.guess_type(file.name)[0] or "application/javascript")
 
     page.route(lambda url: url.startswith(("http://", "https://")), answer)
+
+
+def open_offline(browser, uri: str, width: int, height: int):
+    """A new page of the given size at uri, its Vega figure drawn from local files: (page, log of its errors, requests
+    and the CDN files answered or refused)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    log = {"errors": [], "requests": [], "served": [], "refused": []}
+    page.on("pageerror", lambda error: log["errors"].append(str(error)))
+    page.on("console", lambda message: message.type == "error" and log["errors"].append(message.text))
+    page.on("request", lambda request: log["requests"].append(request.url))
+    serve_locally(page, log["served"], log["refused"])
+    page.goto(uri, wait_until="load")
+    page.locator(".vega-embed svg").wait_for(timeout=30_000)
+    return page, log

@@ -151,15 +151,7 @@ def open_chart(browser, chart, path):
     """The chart saved as a standalone page and opened offline, with its errors, requests and answered CDN files."""
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
     chart.save(str(path))
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
-    log = {"errors": [], "requests": [], "served": [], "refused": []}
-    page.on("pageerror", lambda error: log["errors"].append(str(error)))
-    page.on("console", lambda message: message.type == "error" and log["errors"].append(message.text))
-    page.on("request", lambda request: log["requests"].append(request.url))
-    offline_cdn.serve_locally(page, log["served"], log["refused"])
-    page.goto(path.as_uri(), wait_until="load")
-    page.locator(".vega-embed svg").wait_for(timeout=30_000)
-    return page, log
+    return offline_cdn.open_offline(browser, path.as_uri(), 1280, 1000)
 
 
 def drawn(page, role: str = "rect mark") -> list[dict[str, str]]:

@@ -67,15 +67,7 @@ def names(tgt: torch.Tensor, b: int) -> list[str]:
 
 def open_chapter(browser, width: int):
     """The built chapter in a new page of the given width, with its errors, requests and answered CDN files."""
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    log = {"errors": [], "requests": [], "served": [], "refused": []}
-    page.on("pageerror", lambda error: log["errors"].append(str(error)))
-    page.on("console", lambda message: message.type == "error" and log["errors"].append(message.text))
-    page.on("request", lambda request: log["requests"].append(request.url))
-    offline_cdn.serve_locally(page, log["served"], log["refused"])
-    page.goto(PAGE.as_uri(), wait_until="load")
-    page.locator(".vega-embed svg").wait_for(timeout=30_000)
-    return page, log
+    return offline_cdn.open_offline(browser, PAGE.as_uri(), width, 900)
 
 
 def cells(page) -> dict[tuple[str, str], dict[str, str]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -49,16 +48,11 @@ NOT_RECORDED = (
 
 
 def code_hash(notebook: dict) -> str:
-    """sha256 of the notebook's code cells, in order: what the stored outputs were computed from.
+    """sha256 of the notebook's code cells, in order: what the stored outputs were computed from (the same hash
+    that chapter 8's scoreboard record carries, computed by transformer_lib.scoreboard.code_hash)."""
+    from transformer_lib.scoreboard import code_hash as cells_hash
 
-    transformer_lib.scoreboard.notebook_code_hash computes the same from the file, for chapter 8's scoreboard record.
-    """
-    digest = hashlib.sha256()
-    for cell in notebook["cells"]:
-        if cell["cell_type"] == "code":
-            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-            digest.update(source.encode("utf-8") + b"\0")
-    return digest.hexdigest()
+    return cells_hash(notebook)
 
 
 def hardware() -> dict:

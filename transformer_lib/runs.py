@@ -154,6 +154,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
+
 RULES: dict[str, dict[str, tuple]] = {
     # part -> key -> (test, what is allowed)
     "model": {
@@ -178,10 +180,10 @@ RULES: dict[str, dict[str, tuple]] = {
         "tokenizer": (lambda v: v in ("bpe", "word"), "'bpe' or 'word'"),
         "keep_checkpoints": (_positive_int, "a positive integer (epochs whose weights are kept for averaging)"),
     },
-    "decoding": {
-        "beam_size": (lambda v: _positive_int(v) and v <= 32, "an integer from 1 (greedy search) to 32"),
+    "decoding": {  # also what check_decoding applies to decoding.json
+        "beam_size": (lambda v: _positive_int(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
         "alpha": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
-        "average_last": (_positive_int, "a positive integer (epochs whose weights are averaged; 1: the final ones)"),
+        "average_last": (_positive_int, "a positive integer (epochs averaged; 1 for the final weights)"),
     },
 }
 
@@ -373,7 +375,6 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
 
 DECODING_FILE = "decoding.json"  # in a run folder: how its translations are made, as chosen on the validation split
 DECODING_KEYS = ("beam_size", "alpha", "average_last")
-MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
 
 
 def check_decoding(decoding: Any, what: str = "decoding") -> dict:
@@ -390,10 +391,7 @@ def check_decoding(decoding: Any, what: str = "decoding") -> dict:
         f"{', '.join(map(repr, unknown))} {'are' if len(unknown) > 1 else 'is'} not a decoding setting"] * bool(unknown)
     if problems:
         raise ValueError(f"{what} must hold exactly {', '.join(DECODING_KEYS)}; {' and '.join(problems)}")
-    rules = {"beam_size": (lambda v: _positive_int(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
-             "alpha": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
-             "average_last": (_positive_int, "a positive integer (epochs averaged; 1 for the final weights)")}
-    for key, (test, allowed) in rules.items():
+    for key, (test, allowed) in RULES["decoding"].items():
         if not test(decoding[key]):
             raise ValueError(f"{what}: {key} must be {allowed}, got {decoding[key]!r}")
     return {key: decoding[key] for key in DECODING_KEYS}
@@ -439,19 +437,24 @@ def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, va
     return path
 
 
+def read_json(path: Path, what: str, writer: str) -> Any:
+    """The JSON value of a file this package wrote; one line naming the file (and the place of a syntax error)."""
+    try:
+        return json.loads(read_text(path, what))
+    except (json.JSONDecodeError, RecursionError) as error:
+        where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
+            error, json.JSONDecodeError) else ""
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON{where}; write it again with {writer}, or remove "
+                         f"it") from None
+
+
 def read_decoding(run_folder: str | Path) -> dict | None:
     """The record of run_folder/decoding.json, checked; None when the run has none. One line for a malformed file."""
     path = Path(run_folder) / DECODING_FILE
     if not path.exists() and not path.is_symlink():
         return None
     check_replaceable(path, "decoding file")  # a link or a special file is not read either
-    try:
-        record = json.loads(read_text(path, "decoding file"))
-    except (json.JSONDecodeError, RecursionError) as error:
-        where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
-            error, json.JSONDecodeError) else ""
-        raise ValueError(f"decoding file {str(path)!r} is not valid JSON{where}; write it again with "
-                         f"write_decoding, or remove it") from None
+    record = read_json(path, "decoding file", "write_decoding")
     if not isinstance(record, dict):
         raise ValueError(f"decoding file {str(path)!r} must hold a JSON object, got {json.dumps(record)[:60]}")
     where = f"decoding file {str(path)!r}"

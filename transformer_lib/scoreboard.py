@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 import transformer_lib
-from transformer_lib.runs import check_decoding, check_scores, read_text, write_json
+from transformer_lib.runs import check_decoding, check_scores, read_json, read_text, write_json
 from transformer_lib.runtime import cpu_name
 
 DEVICES = ("cpu", "cuda")
@@ -190,13 +190,7 @@ def read_scoreboard(folder: str | Path) -> list[dict]:
         if path.is_symlink() or not path.is_file():
             raise ValueError(f"scoreboard file {str(path)!r} is a link or not a regular file; the scoreboard holds "
                              f"only the files write_scoreboard writes")
-        try:
-            record = json.loads(read_text(path, "scoreboard file"))
-        except (json.JSONDecodeError, RecursionError) as error:
-            where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
-                error, json.JSONDecodeError) else ""
-            raise ValueError(f"scoreboard file {str(path)!r} is not valid JSON{where}; write it again with "
-                             f"write_scoreboard, or remove it") from None
+        record = read_json(path, "scoreboard file", "write_scoreboard")
         check_record(record, f"scoreboard file {str(path)!r}")
         if scoreboard_path(record, folder).name != path.name:
             raise ValueError(f"scoreboard file {str(path)!r} holds the record of {record['preset']} on "
@@ -257,9 +251,13 @@ def notebook_code_hash(notebook: str | Path) -> str:
     The same hash as the one tools/run_heavy_chapters.py records in chapters 8 and 9, so that a scoreboard record
     written by chapter 8 names the code that made it.
     """
-    cells = json.loads(read_text(notebook, "notebook"))["cells"]
+    return code_hash(json.loads(read_text(notebook, "notebook")))
+
+
+def code_hash(notebook: dict) -> str:
+    """sha256 of the code cells of a notebook (as JSON or nbformat's node), in order."""
     digest = hashlib.sha256()
-    for cell in cells:
+    for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
             digest.update(source.encode("utf-8") + b"\0")
