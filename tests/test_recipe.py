@@ -247,3 +247,17 @@ def test_the_google_drive_cell_does_nothing_outside_colab_when_switched_on(capsy
     exec(source.replace("USE_GOOGLE_DRIVE = False", "USE_GOOGLE_DRIVE = True", 1), namespace)
     assert "USE_GOOGLE_DRIVE is for Colab" in capsys.readouterr().out
     assert settings["run_dir"] == "runs/multi30k-cpu-de-en"
+
+
+def test_resuming_training_removes_the_decoding_chosen_for_the_older_weights(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    quick_run(out, max_steps=None, epochs=1)
+    chosen = {"beam_size": 2, "alpha": 0.8, "average_last": 1}
+    runs.write_decoding(out, chosen, chosen_on="validation")
+    quick_run(out, max_steps=None, epochs=1, resume=True)  # nothing left to train: the weights stay, and so does it
+    assert tl.decoding_settings(out) == chosen
+    capsys.readouterr()
+    quick_run(out, max_steps=None, epochs=2, resume=True)  # one more epoch changes the weights it was chosen for
+    assert not (out / runs.DECODING_FILE).exists()
+    assert "removed" in capsys.readouterr().out and tl.decoding_settings(out) == tr.DEFAULT_DECODING
