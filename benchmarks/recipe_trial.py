@@ -27,11 +27,6 @@ import time
 from pathlib import Path
 
 
-def averaged(states: list[dict]) -> dict:
-    """The element-wise mean of state dicts of one model (checkpoint averaging, Vaswani et al. section 6.1)."""
-    return {name: sum(state[name].float() for state in states) / len(states) for name in states[0]}
-
-
 def run(args: argparse.Namespace) -> dict:
     import sacrebleu
     import torch
@@ -91,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
         for n in [1, *args.average]:
             if n > len(epoch_states):
                 continue
-            model.load_state_dict(final if n == 1 else averaged(epoch_states[-n:]))
+            model.load_state_dict(final if n == 1 else translation.average_checkpoints(epoch_states[-n:]))
             for alpha in args.alpha:
                 decode_started = time.perf_counter()
                 hypotheses = translation.translate(model, tokenizer, sources, beam_size=args.beam, alpha=alpha)

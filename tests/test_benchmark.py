@@ -106,28 +106,3 @@ def test_the_appendix_tables_are_the_committed_reports():
         report = json.loads((tables.RESULTS / name).read_text())
         assert set(report["training"]) == set(benchmark.MODELS) and report["environment"]["device_name"]
     assert tables.sync(check=True) == [], "run `python benchmarks/tables.py` after changing a report"
-
-
-def test_chapter_8_shows_the_committed_cpu_curve():
-    """book/figures/cpu_curve.png is drawn from benchmarks/results/cpu_curve.json, the report as committed."""
-    from PIL import Image
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import cpu_curve
-
-    report = ROOT / "benchmarks" / "results" / "cpu_curve.json"
-    points = [p for p in json.loads(report.read_text())["points"] if p["valid_bleu"] is not None]
-    assert len(points) >= 2 and [p["epoch"] for p in points] == sorted(p["epoch"] for p in points)
-    png = ROOT / "book" / "figures" / "cpu_curve.png"
-    assert Image.open(png).info.get("Description") == f"report sha256 {cpu_curve.report_sha256(report)}", (
-        "redraw it: python benchmarks/cpu_curve.py --plot benchmarks/results/cpu_curve.json --png book/figures/cpu_curve.png")
-
-
-def test_recipe_trial_averages_checkpoints_element_wise():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import recipe_trial
-
-    first, second = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}, {"w": torch.tensor([3.0, 6.0]),
-                                                                                "b": torch.tensor([1.0])}
-    mean = recipe_trial.averaged([first, second])
-    assert torch.equal(mean["w"], torch.tensor([2.0, 4.0])) and torch.equal(mean["b"], torch.tensor([0.5]))
