@@ -185,6 +185,10 @@ def test_the_scoreboard_and_chapter_8_tell_the_same_run():
     for value in (record["test"]["bleu"], record["test"]["chrf"], record["validation"]["bleu"]):
         assert f"{value:.2f}"[:-1] in table, f"the scoreboard table in chapter 8 does not show {value}"
     assert len(shown) == len(records) + 1  # one row per record, and the tutorial's
+    assert f"{record['training_minutes']:.1f}" in table, "the table does not show the record's training minutes"
+    curves = cell_text(next(c for first, c in cells.items() if first.startswith("records = ")))
+    assert f"step {record['steps']:,}, {record['training_minutes']:5.1f} min)" in curves, (
+        "the record's training minutes are not those of the last epoch record (validation excluded)")
     scores = cell_text(next(c for first, c in cells.items() if first.startswith("GOALS = ")))
     assert record["test"]["bleu_line"] in scores  # the test score the chapter printed is the one recorded
     decoding = record["decoding"]
