@@ -18,13 +18,15 @@ def cli(*args: str, stdin: str | None = None, data: bool = True) -> subprocess.C
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["evaluate"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["choose"], ["evaluate"]])
 def test_help_describes_every_command(command):
     result = cli(*command, "--help")
     assert result.returncode == 0
     assert "usage: python -m transformer_lib" in result.stdout
-    for word in {(): ["train", "translate", "evaluate"], ("train",): ["--preset", "--resume", "--max-steps", "--out"],
-                 ("translate",): ["--checkpoint", "--beam"], ("evaluate",): ["--src-file", "--ref-file", "--split"]}[
+    for word in {(): ["train", "translate", "choose", "evaluate"],
+                 ("train",): ["--preset", "--resume", "--max-steps", "--out"],
+                 ("translate",): ["--checkpoint", "--beam"], ("choose",): ["--alpha", "--average", "validation split"],
+                 ("evaluate",): ["--src-file", "--ref-file", "--split"]}[
         tuple(command)
     ]:
         assert word in result.stdout
@@ -46,6 +48,9 @@ def test_help_describes_every_command(command):
         (["translate", "--checkpoint", "nowhere", "Hallo"], "--checkpoint 'nowhere' does not exist"),
         (["evaluate", "--hyp-file", "missing.txt", "--ref-file", "x"], "file 'missing.txt' does not exist"),
         (["evaluate"], "give --checkpoint with --split"),
+        (["choose"], "the following arguments are required: --checkpoint"),
+        (["choose", "--checkpoint", "x", "--average", "0"], "expected a positive integer, got '0'"),
+        (["choose", "--checkpoint", "nowhere"], "--checkpoint 'nowhere' does not exist"),
         (["train", "--out", ""], "argument --out: expected a folder name, got ''"),
         (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "../private/x"],
          "argument --corpus-config: expected a language pair as the Hub names it, like 'en-it', got '../private/x'"),
@@ -439,3 +444,38 @@ def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(m
     with pytest.raises(ValueError, match=r"preset base does not fit the memory of cpu: one training step on its "
                                          r"largest batch \(97 sentences of 256 tokens, max_tokens=25000\)"):
         cli_module.check_fits_in_memory(PRESETS["base"], torch.device("cpu"), "base")
+
+
+def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_chose(tmp_path):
+    """The command line's way to chapter 8's choice: every (weights, alpha) decoded on the validation split, the best
+    by BLEU written to decoding.json, and evaluate, given no --beam or --alpha, decoding exactly that way."""
+    if not (DATA / "multi30k" / "train.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    run = tmp_path / "run"
+    result = cli("train", "--preset", "tiny", "--train-limit", "1500", "--epochs", "2", "--out", str(run),
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1", "epoch 2"], result.stdout  # no bar, still a line each
+    assert all("training loss" in line and "validation loss" in line for line in lines)
+
+    result = cli("choose", "--checkpoint", str(run), "--average", "5")
+    assert result.returncode == 1 and "--average 5 needs the weights of the run's last 5 epochs" in result.stderr
+    assert "keeps 2" in result.stderr and not (run / "decoding.json").exists()
+
+    result = cli("choose", "--checkpoint", str(run), "--beam", "2", "--alpha", "0.6", "1.0", "--max-len", "30")
+    assert result.returncode == 0, result.stderr
+    tried = [line for line in result.stdout.splitlines() if " alpha " in line and "BLEU" in line and "chosen" not in line]
+    assert len(tried) == 4, result.stdout  # the final weights and the average of the 2 epochs kept, two alphas each
+    assert {("final weights" in line, "average of the last 2 epochs" in line) for line in tried} == {(True, False),
+                                                                                                 (False, True)}
+    best = max(float(line.split("BLEU")[1].split()[0]) for line in tried)
+    chosen = json.loads((run / "decoding.json").read_text(encoding="utf-8"))
+    assert chosen["chosen_on"] == "validation" and chosen["beam_size"] == 2 and chosen["alpha"] in (0.6, 1.0)
+    assert chosen["average_last"] in (1, 2) and f"{chosen['validation']['bleu']:.2f}" == f"{best:.2f}"
+    assert "chosen on the validation split" in result.stdout
+
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "validation", "--max-len", "30")
+    assert result.returncode == 0, result.stderr
+    assert "decoding.json (chosen on the validation split)" in result.stderr
+    assert f"BLEU = {chosen['validation']['bleu']:.2f}" in result.stdout  # the same weights, beam and alpha

@@ -11,6 +11,10 @@ def test_embedding_scales_by_sqrt_d_model():
     ids = torch.tensor([[1, 2, 0]])
     torch.testing.assert_close(emb(ids), emb.lookup.weight[ids] * math.sqrt(16))
     assert (emb(ids)[0, 2] == 0).all()  # the padding vector starts at zero
+    unscaled = tl.TokenEmbedding(vocab_size=10, d_model=16, pad_id=0, scale=False)  # only for the ablations
+    torch.testing.assert_close(unscaled(ids), unscaled.lookup.weight[ids])
+    with pytest.raises(ValueError, match="scale_embeddings must be True or False, got 'no'"):
+        tl.TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, scale_embeddings="no")
 
 
 @pytest.mark.parametrize("bad", [10, 99, -1])

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import random
 import subprocess
@@ -341,3 +342,24 @@ def test_decode_step_refuses_a_cache_or_memory_that_does_not_fit():
         tl.decode_step(model, bos[:2], memory, src_mask, tl.KVCache(2))
     cache = tl.KVCache(2)
     assert tl.decode_step(model, bos, memory, src_mask, cache).shape == (3, 1, 20) and cache.length == 1
+
+
+def test_the_model_settings_may_untie_and_unscale_the_embeddings_and_a_loaded_run_keeps_them(tmp_path, monkeypatch):
+    # The ablations measure what tying and the sqrt(d_model) scale are worth: the settings must reach the model,
+    # and the checkpoint must rebuild the same model, or the run would be scored as a different one.
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    quick_run(tmp_path / "paper", max_steps=2)
+    paper, _ = tr.load_translator(tmp_path / "paper", device="cpu")
+    assert paper.generator.weight is paper.tgt_embed.lookup.weight and paper.src_embed is paper.tgt_embed
+    assert paper.src_embed.scale == math.sqrt(QUICK["model"]["d_model"])
+    overrides = {"model": {**QUICK["model"], "tie_embeddings": False, "scale_embeddings": False},
+                 "training": QUICK["training"]}
+    quick_run(tmp_path / "variant", overrides=overrides, max_steps=2)
+    variant, _ = tr.load_translator(tmp_path / "variant", device="cpu")
+    assert variant.generator.weight is not variant.tgt_embed.lookup.weight
+    assert variant.src_embed is variant.tgt_embed  # still one joint vocabulary, one embedding
+    assert variant.src_embed.scale == 1.0
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.equal(variant.src_embed(ids), variant.src_embed.lookup(ids))
+    with pytest.raises(ValueError, match=r"setting model.scale_embeddings must be true or false, got 'no'"):
+        tr.resolve_settings("tiny", {"model": {"scale_embeddings": "no"}})

@@ -37,15 +37,17 @@ from transformer_lib.runs import (
     read_run_record,
     read_text,
     validate_settings,
+    write_decoding,
 )
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
 from transformer_lib.scoreboard import scoreboard_record, write_scoreboard
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
-from transformer_lib.translation import PRESETS, load_translator, train_translator, translate
+from transformer_lib.translation import PRESETS, epoch_weights, load_translator, train_translator, translate
 
 DEFAULT_DECODING = {"beam_size": 4, "alpha": 0.6, "average_last": 1}  # without decoding.json or settings["decoding"]
+CHOOSE_ALPHAS = (0.6, 0.8, 1.0, 1.2)  # the length-penalty exponents chapter 8 tries on the validation split
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
 
 EPILOG = """examples:
@@ -56,6 +58,7 @@ EPILOG = """examples:
   torchrun --standalone --nproc_per_node=2 -m transformer_lib train --preset tiny --max-steps 200 --out runs/ddp
   python -m transformer_lib translate --checkpoint runs/de-en "Ein Mann fährt Fahrrad."
   echo "Zwei Hunde spielen im Schnee." | python -m transformer_lib translate --checkpoint runs/de-en
+  python -m transformer_lib choose --checkpoint runs/de-en
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test --scoreboard benchmarks/results/scoreboard
   python -m transformer_lib evaluate --checkpoint runs/de-en --src-file test.de --ref-file test.en
@@ -139,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     debug = argparse.ArgumentParser(add_help=False)  # --debug also after the command
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of any error")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,translate,evaluate}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,translate,choose,evaluate}")
 
     train = commands.add_parser("train", parents=[debug], help="train a translator and save checkpoint.pt, tokenizer.json, history.json")
     train.add_argument("--preset", choices=sorted(PRESETS),
@@ -165,11 +168,31 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
     train.add_argument("--seed", type=int, help="default: 0")
     train.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (a line per epoch still says how training goes)")
 
     translate = commands.add_parser("translate", parents=[debug], help="translate sentences given as arguments or on standard input")
     translate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
     translate.add_argument("--beam", type=_beam, help=f"beam size from 1 (greedy search) to {MAX_BEAM}")
+    choose = commands.add_parser(
+        "choose", parents=[debug],
+        help=f"choose on the validation split how a run decodes (alpha, averaged weights) and save it in {DECODING_FILE}",
+        description=f"Decode the run's own validation split with each alpha and each number of averaged epochs, "
+                    f"and write the best (by BLEU) to {DECODING_FILE} in the run folder, where translate, evaluate "
+                    f"and evaluate --scoreboard find it. The choice is made on the validation split only, as chapter 8 "
+                    f"makes it; the test split is never decoded here.")
+    choose.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
+    choose.add_argument("--beam", type=_beam, help="beam size from 1 to %d (default: the run's settings, else %d)"
+                        % (MAX_BEAM, DEFAULT_DECODING["beam_size"]))
+    choose.add_argument("--alpha", type=_alpha, nargs="+", default=list(CHOOSE_ALPHAS),
+                        help="length-penalty exponents to try (default: %(default)s)")
+    choose.add_argument("--average", type=_positive, nargs="+",
+                        help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
+                             "every epoch the run keeps)")
+    choose.add_argument("--max-len", type=_positive,
+                        help="at most this many tokens per translation (default: the source's length + 50)")
+    choose.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
+
     evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
     for command in (translate, evaluate):  # how translate() decodes, and where
         command.add_argument("--alpha", type=_alpha, help="length penalty exponent of beam search, 0 for none")
@@ -198,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                                f"--beam/--alpha, which it refuses; the validation scores {DECODING_FILE} holds, else "
                                "none). Run it on the machine that "
                                "trained the run: the record names this machine's CPU or GPU")
-    for command, handler in ((train, cmd_train), (translate, cmd_translate), (evaluate, cmd_evaluate)):
+    for command, handler in ((train, cmd_train), (translate, cmd_translate), (choose, cmd_choose),
+                             (evaluate, cmd_evaluate)):
         command.set_defaults(handler=handler, parser=command)
     return parser
 
@@ -283,8 +307,8 @@ def check_fits_in_memory(settings: dict, device: torch.device, preset: str) -> N
     rows = max(1, training["max_tokens"] // length)
     vocab = training["vocab_size"]
     try:
-        model = Transformer(TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, share_embeddings=True,
-                                              tie_embeddings=True, **model_settings)).to(device)
+        model_settings = {"share_embeddings": True, "tie_embeddings": True, **model_settings}  # as train_translator
+        model = Transformer(TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, **model_settings)).to(device)
         optimizer, _ = make_optimizer(model, model.cfg.d_model)
         src = torch.randint(4, vocab, (rows, length), device=device)
         decoder_input, labels = teacher_forcing_pair(torch.randint(4, vocab, (rows, length + 1), device=device))
@@ -354,7 +378,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 corpus_config=args.corpus_config, preset=preset, overrides=overrides, max_steps=args.max_steps,
                 epochs=args.epochs, train_limit=args.train_limit, resume=args.resume, overwrite=args.overwrite,
                 compile=args.compile, seed=0 if args.seed is None else args.seed, progress=not args.no_progress,
-                process=process, **validation,
+                process=process, on_record=_epoch_line if args.no_progress else None, **validation,
             )
         finally:
             if isinstance(process, TorchrunProcess):
@@ -365,6 +389,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
     return 0
+
+
+def _epoch_line(record: dict) -> None:
+    """With --no-progress, train_translator prints nothing: one line per epoch record still says how training goes."""
+    if launch_info().rank != 0:
+        return  # under torchrun, rank 0 speaks for all processes
+    parts = [f"epoch {record['epoch']}: step {record['step']}, {record['minutes']:.1f} min"]
+    for key, label in (("train_loss", "training loss"), ("valid_loss", "validation loss")):
+        if record.get(key) is not None:
+            parts.append(f"{label} {record[key]:.3f}")
+    if record.get("valid_bleu") is not None:
+        parts.append(f"validation BLEU {record['valid_bleu']:.2f} (greedy)")
+    print(", ".join(parts), flush=True)
 
 
 def _validation_arguments(args: argparse.Namespace) -> dict:
@@ -525,8 +562,8 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
     decoding, where, record = _decoding_source(args.checkpoint)
     if where.startswith("the defaults"):
         raise ValueError(f"--scoreboard records the decoding chosen on the validation split, and {checkpoint.parent} "
-                         f"has no {DECODING_FILE} and its settings no decoding part; choose beam and alpha on the "
-                         f"validation split and save them with transformer_lib.runs.write_decoding first")
+                         f"has no {DECODING_FILE} and its settings no decoding part; choose it first: python -m "
+                         f"transformer_lib choose --checkpoint {checkpoint.parent}")
     history = checkpoint.parent / "history.json"
     if not history.is_file():
         raise FileNotFoundError(f"--scoreboard takes the training minutes from {history}, which does not exist; "
@@ -572,6 +609,50 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
         notes.append(f"trained on the first {run['train_limit']} pairs only")
     return {"device": device, "training_minutes": float(minutes), "steps": steps, "decoding": decoding,
             "validation": record.get("validation") if record else None, "notes": "; ".join(notes) or None}
+
+
+def _weights_label(average_last: int) -> str:
+    return "final weights" if average_last == 1 else f"average of the last {average_last} epochs"
+
+
+def cmd_choose(args: argparse.Namespace) -> int:
+    """Decode the validation split for each (averaged weights, alpha); write the best, by BLEU, to decoding.json."""
+    checkpoint = _checkpoint_file(args.checkpoint)
+    if not checkpoint.exists():
+        _load(args.checkpoint)  # the one-line message for a missing checkpoint
+    run = read_run_record(checkpoint)["run"]
+    folder = checkpoint.parent
+    kept = len(epoch_weights(folder))
+    averages = args.average or [1] + ([kept] if kept > 1 else [])
+    too_many = [n for n in averages if n > max(kept, 1)]
+    if too_many:
+        raise ValueError(f"--average {too_many[0]} needs the weights of the run's last {too_many[0]} epochs, and "
+                         f"{folder} keeps {kept} (training setting keep_checkpoints); give counts from 1 to "
+                         f"{max(kept, 1)}")
+    settings = run.get("settings", {}).get("decoding") or {}
+    beam = args.beam if args.beam is not None else settings.get("beam_size", DEFAULT_DECODING["beam_size"])
+    alphas = list(dict.fromkeys(args.alpha)) if beam > 1 else [0.0]  # greedy search has no length penalty
+    averages = list(dict.fromkeys(averages))
+    pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: {len(sources):,} sentences, "
+          f"beam {beam}; {len(averages) * len(alphas)} decodings", flush=True)
+    tried = []
+    with lock_run_folder(folder):  # no training changes these weights while they are chosen for
+        for average_last in averages:
+            model, tokenizer = load_translator(checkpoint, args.device, average_last=average_last)
+            for alpha in alphas:
+                args.beam, args.alpha = beam, alpha  # what _translate decodes with
+                scores = corpus_scores(_translate(model, tokenizer, sources, args), references)
+                tried.append((scores["bleu"], average_last, alpha, scores))
+                print(f"  {_weights_label(average_last):32s} alpha {alpha:.1f}: BLEU {scores['bleu']:5.2f}   "
+                      f"BP {scores['bp']:.3f}   length ratio {scores['ratio']:.3f}", flush=True)
+        bleu, average_last, alpha, scores = max(tried, key=lambda row: row[0])  # the first of equal scores
+        chosen = {"beam_size": beam, "alpha": alpha, "average_last": average_last}
+        path = write_decoding(folder, chosen, chosen_on="validation", validation=scores)
+    print(f"chosen on the validation split: {_weights_label(average_last)}, beam {beam}, alpha {alpha:g}, BLEU "
+          f"{bleu:.2f}; written to {path} (translate and evaluate decode with it)")
+    return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -167,6 +167,9 @@ RULES: dict[str, dict[str, tuple]] = {
         "max_len": (lambda v: _positive_int(v) and v >= 3, "an integer >= 3 (<bos>, a token, <eos>)"),
         "norm_first": (lambda v: isinstance(v, bool), "true or false"),
         "positional": (lambda v: v in ("sinusoidal", "learned"), "'sinusoidal' or 'learned'"),
+        "tie_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+        "share_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+        "scale_embeddings": (lambda v: isinstance(v, bool), "true or false"),
     },
     "training": {
         "vocab_size": (lambda v: _positive_int(v) and v >= 5, "an integer >= 5 (4 special tokens and a word)"),
