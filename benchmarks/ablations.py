@@ -1,0 +1,285 @@
+"""What each choice of the paper is worth: the translator trained again with one choice changed at a time.
+
+    python benchmarks/ablations.py --out benchmarks/results/ablations              # every variant, seeds 0 and 1
+    python benchmarks/ablations.py --out DIR --variants baseline pre-norm --jobs 4  # some of them, 4 at a time
+    python benchmarks/ablations.py --summary benchmarks/results/ablations          # the table, from the records
+
+Every run trains a German->English translator on Multi30k with chapter 8's train_translator, from the preset
+(default multi30k) with one variant's settings changed, for the preset's number of epochs: with one seed, every
+variant sees the same batches in the same order and takes the same number of steps (the batches depend on the
+tokenizer, the token budget and the seed, none of which a variant changes), so runs are compared at equal updates;
+their minutes are recorded beside, as the price. Then, on the validation split only: greedy search with the final
+weights, and beam search with each --alpha for the final weights and for the average of the last epochs the preset
+keeps. The decoding with the best validation BLEU is the run's choice, and test2016 is decoded with it, and (the
+rows on decoding) greedy with the final weights and beam search with the final weights at their best alpha.
+
+Each run writes one record, DIR/<variant>-seed<S>.json, as soon as it ends (a diverged run records where and why),
+and a run whose record exists is not repeated, so an interrupted sweep goes on where it stopped; --stop-after
+starts no run after that many minutes (a machine's command limit). --jobs N trains N runs at once: on a GPU a model
+this small leaves most of it idle, so runs share it; on a CPU keep 1. Minutes measured while runs share a device
+say so in the record (jobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
+# warm-up, label smoothing 0.1, dropout 0.1, sinusoidal positions, one embedding matrix shared by source and target,
+# scaled by sqrt(d_model) and reused by the output projection.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "baseline": ("the preset as chapter 8 trains it", {}),
+    "pre-norm": ("LayerNorm before each sublayer instead of after the residual sum (chapter 6)",
+                 {"model": {"norm_first": True}}),
+    "no-warmup": ("post-norm without warm-up: warmup=1, the schedule's inverse square-root decay from the first step",
+                  {"training": {"warmup": 1}}),
+    "pre-norm-no-warmup": ("pre-norm without warm-up (warmup=1)",
+                           {"model": {"norm_first": True}, "training": {"warmup": 1}}),
+    "no-embedding-scale": ("embeddings not multiplied by sqrt(d_model) (chapter 1)",
+                           {"model": {"scale_embeddings": False}}),
+    "untied-output": ("an output projection of its own instead of the embedding matrix (chapter 6)",
+                      {"model": {"tie_embeddings": False}}),
+    "separate-embeddings": ("one embedding for the source and another for the target (each still of the joint "
+                            "vocabulary; the target's reused by the output projection)",
+                            {"model": {"share_embeddings": False}}),
+    "no-label-smoothing": ("label smoothing 0 instead of 0.1 (chapter 7)", {"training": {"label_smoothing": 0.0}}),
+    "dropout-0.3": ("dropout 0.3 instead of 0.1", {"model": {"dropout": 0.3}}),
+    "learned-positions": ("learned positional embeddings instead of sinusoids (chapter 2)",
+                          {"model": {"positional": "learned"}}),
+}
+
+
+def merge(overrides: dict, extra: dict) -> dict:
+    """overrides with extra's parts laid over them, key by key."""
+    merged = {part: dict(values) for part, values in overrides.items()}
+    for part, values in extra.items():
+        merged.setdefault(part, {}).update(values)
+    return merged
+
+
+def record_path(out: Path, variant: str, seed: int) -> Path:
+    return out / f"{variant}-seed{seed}.json"
+
+
+def _device_facts() -> dict:
+    import torch
+
+    import transformer_lib as tl
+
+    device = tl.get_device()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else tl.runtime.cpu_name()
+    return {"device": device.type, "device_name": name, "torch": torch.__version__, "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    """Train one (variant, seed), decode as the module says, and return its record (also written to --out)."""
+    import transformer_lib as tl
+    from transformer_lib import translation
+    from transformer_lib.data import load_pairs
+    from transformer_lib.runs import DivergedError, atomic_write_text
+    from transformer_lib.scoring import corpus_scores
+
+    description, changes = VARIANTS[args.variant]
+    overrides = merge(json.loads(args.overrides), changes)
+    settings = translation.resolve_settings(args.preset, overrides)  # every value checked before training
+    record = {
+        "what": "one run of the ablations on Multi30k de->en (benchmarks/ablations.py)",
+        "variant": args.variant, "description": description, "changes": changes, "seed": args.seed,
+        "preset": args.preset, "overrides": overrides, "settings": settings, "train_limit": args.train_limit,
+        "epochs_asked": args.epochs, "jobs": args.jobs, **_device_facts(),
+        "date": datetime.date.today().isoformat(), "diverged": False,
+    }
+    out = Path(args.out)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"ablation_{args.variant}_{args.seed}_", dir=args.work))
+    curve: list[dict] = []
+
+    def on_record(point: dict) -> None:  # the epoch records, kept for the curve and shown in the run's log
+        curve.append(point)
+        print(json.dumps(point), flush=True)
+
+    started = time.perf_counter()
+    try:
+        try:
+            summary = tl.train_translator(
+                run_dir / "run", preset=args.preset, overrides=overrides, seed=args.seed, epochs=args.epochs,
+                train_limit=args.train_limit, progress=False, on_record=on_record)
+        except DivergedError as error:  # a variant that fails to train is a result, not a crash
+            record.update(diverged=True, error=str(error), curve=curve, steps=None, minutes=None,
+                          wall_minutes=(time.perf_counter() - started) / 60)
+            atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
+            return record
+        record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve,
+                      minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
+                      final_valid_loss=curve[-1]["valid_loss"] if curve else None)
+        splits = {split: load_pairs("multi30k", split, "de", "en") for split in ("validation", "test")}
+        kept = len(translation.epoch_weights(run_dir / "run"))
+        weights = [1] + ([kept] if kept > 1 else [])
+        decodes, loaded = [], {}
+
+        def decode(split: str, average_last: int, beam: int, alpha: float) -> dict:
+            if average_last not in loaded:
+                loaded[average_last] = translation.load_translator(run_dir / "run", average_last=average_last)
+            model, tokenizer = loaded[average_last]
+            sources, references = zip(*splits[split])
+            hypotheses = translation.translate(model, tokenizer, list(sources), beam_size=beam, alpha=alpha,
+                                               max_len=args.max_len)
+            scores = corpus_scores(hypotheses, list(references))
+            row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
+                   "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
+                   "bleu_signature": scores["bleu_signature"]}
+            decodes.append(row)
+            return row
+
+        greedy = decode("validation", 1, 1, 0.0)
+        record["valid_bleu_greedy"] = greedy["bleu"]
+        beams = [decode("validation", n, args.beam, alpha) for n in weights for alpha in args.alpha]
+        chosen = max(beams, key=lambda row: row["bleu"])  # the first of equal scores
+        best_final = max((row for row in beams if row["average_last"] == 1), key=lambda row: row["bleu"])
+        record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
+                            "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],
+                            "chosen_on": "validation"}
+        test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"])
+        record["test"] = {key: test[key] for key in ("bleu", "chrf", "bp", "ratio", "bleu_signature")}
+        # The rows on decoding, on the test split too: greedy, and beam search without the averaged weights.
+        record["test_greedy_final"] = decode("test", 1, 1, 0.0)["bleu"]
+        record["test_beam_final"] = (test["bleu"] if chosen is best_final else
+                                     decode("test", 1, best_final["beam_size"], best_final["alpha"])["bleu"])
+        record["decodes"] = decodes
+        record["wall_minutes"] = (time.perf_counter() - started) / 60
+        atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
+        return record
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def read_records(folder: Path) -> list[dict]:
+    records = []
+    for path in sorted(Path(folder).glob("*-seed*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record_path(Path(folder), record["variant"], record["seed"]).name != path.name:
+            raise ValueError(f"{path} holds the record of {record['variant']} seed {record['seed']}; rename it")
+        records.append(record)
+    return records
+
+
+def summary_table(records: list[dict]):
+    """A pandas DataFrame, one row per variant in VARIANTS' order: runs, mean and spread (max - min) over seeds."""
+    import pandas as pd
+
+    rows = []
+    for variant, (description, _) in VARIANTS.items():
+        runs = [r for r in records if r["variant"] == variant]
+        if not runs:
+            continue
+        trained = [r for r in runs if not r["diverged"]]
+        row = {"variant": variant, "what changes": description, "seeds": len(runs),
+               "diverged": len(runs) - len(trained)}
+        for key, label in (("test", "test BLEU"), ("valid_bleu_greedy", "validation BLEU (greedy)"),
+                           ("final_valid_loss", "validation loss"), ("minutes", "minutes")):
+            values = [r[key]["bleu"] if key == "test" else r[key] for r in trained]
+            values = [v for v in values if v is not None]
+            row[label] = sum(values) / len(values) if values else math.nan
+            row[f"{label} spread"] = max(values) - min(values) if len(values) > 1 else math.nan
+        steps = {r["steps"] for r in trained}
+        row["steps"] = steps.pop() if len(steps) == 1 else math.nan  # equal across seeds only by chance
+        rows.append(row)
+    baseline = [r for r in records if r["variant"] == "baseline" and not r["diverged"]]
+    for label, pick in (("greedy search, final weights", lambda r: r["test_greedy_final"]),
+                        ("beam search, final weights", lambda r: r["test_beam_final"]),
+                        ("beam search, chosen weights", lambda r: r["test"]["bleu"])):
+        if baseline:
+            values = [pick(r) for r in baseline]
+            rows.append({"variant": f"baseline decoded by {label}", "what changes": "decoding only",
+                         "seeds": len(baseline), "diverged": 0, "test BLEU": sum(values) / len(values),
+                         "test BLEU spread": max(values) - min(values) if len(values) > 1 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", type=Path, help="folder for the records (one JSON file per run)")
+    parser.add_argument("--summary", type=Path, metavar="DIR", help="print the table of the records in DIR and stop")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--preset", default="multi30k", help="default: %(default)s")
+    parser.add_argument("--overrides", default="{}", help="JSON settings laid under every variant (quick trials)")
+    parser.add_argument("--train-limit", type=int, help="only the first N training pairs (quick trials)")
+    parser.add_argument("--epochs", type=int, help="train this many epochs instead of the preset's (quick trials)")
+    parser.add_argument("--beam", type=int, default=4, help="default: %(default)s")
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 1.0], help="default: %(default)s")
+    parser.add_argument("--max-len", type=int, help="at most this many tokens per translation (quick trials)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: %(default)s)")
+    parser.add_argument("--stop-after", type=float, help="start no run after this many minutes")
+    parser.add_argument("--overwrite", action="store_true", help="run again the runs that have a record")
+    parser.add_argument("--work", help="folder for the runs' temporary folders (default: the system's)")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # one run, in a process of its own
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.summary is not None:
+        import pandas as pd
+
+        with pd.option_context("display.width", 200, "display.max_columns", None):
+            print(summary_table(read_records(args.summary)).round(2).to_string(index=False))
+        return 0
+    if args.out is None:
+        parser.error("give --out (a folder for the records), or --summary DIR")
+    if args.jobs < 1 or args.beam < 1 or (args.epochs is not None and args.epochs < 1):
+        parser.error("--jobs, --beam and --epochs must be positive")
+    json.loads(args.overrides)  # a typo stops here, not in every run
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.variant is not None:
+        record = run_one(args)
+        print(f"{args.variant} seed {args.seed}: " + ("diverged" if record["diverged"] else
+              f"{record['steps']} steps, {record['minutes']:.1f} min, test BLEU {record['test']['bleu']:.2f}"))
+        return 0
+    todo = [(v, s) for s in args.seeds for v in args.variants
+            if args.overwrite or not record_path(args.out, v, s).exists()]
+    print(f"{len(todo)} runs to do, {args.jobs} at a time; records in {args.out}", flush=True)
+    started, running, failed = time.perf_counter(), [], []
+    (args.out / "logs").mkdir(exist_ok=True)
+    env = dict(os.environ)
+    if args.jobs > 1 and "OMP_NUM_THREADS" not in env:  # runs that share a CPU share its cores
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    passed = list(argv if argv is not None else sys.argv[1:])  # the workers' options are this call's
+    while todo or running:
+        while todo and len(running) < args.jobs and not (
+                args.stop_after is not None and (time.perf_counter() - started) / 60 > args.stop_after):
+            variant, seed = todo.pop(0)
+            log = open(args.out / "logs" / f"{variant}-seed{seed}.log", "w", encoding="utf-8")
+            command = [sys.executable, __file__, *passed, "--variant", variant, "--seed", str(seed)]
+            running.append((variant, seed, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                                 env=env)))
+        if args.stop_after is not None and todo and not running:
+            print(f"--stop-after {args.stop_after:g} minutes: {len(todo)} runs left for the next call")
+            break
+        time.sleep(1)
+        for item in list(running):
+            variant, seed, log, process = item
+            if process.poll() is not None:
+                running.remove(item)
+                log.close()
+                tail = (args.out / "logs" / f"{variant}-seed{seed}.log").read_text(encoding="utf-8").strip()
+                print(tail.splitlines()[-1] if tail else f"{variant} seed {seed}: no output", flush=True)
+                if process.returncode != 0:
+                    failed.append(f"{variant} seed {seed}")
+    if failed:
+        print(f"failed (see {args.out / 'logs'}): {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

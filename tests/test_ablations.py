@@ -1,0 +1,100 @@
+"""benchmarks/ablations.py: what each choice of the paper is worth. Its records are measured on a GPU; here its
+variants, its runs and its table are checked on a made-up corpus in seconds."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_translation import QUICK, tiny_corpus
+
+import transformer_lib as tl
+from transformer_lib import data, translation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import ablations  # noqa: E402
+
+
+def _model(variant: str) -> tl.Transformer:
+    """The model train_translator builds for a variant of the multi30k preset (a small vocabulary, to be quick)."""
+    settings = translation.resolve_settings("multi30k", ablations.VARIANTS[variant][1])
+    model = {"share_embeddings": True, "tie_embeddings": True, **settings["model"]}  # as _new_model
+    return tl.Transformer(tl.TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, **model))
+
+
+def test_every_variant_is_valid_and_changes_what_it_says():
+    baseline = translation.resolve_settings("multi30k")
+    for variant, (description, changes) in ablations.VARIANTS.items():
+        settings = translation.resolve_settings("multi30k", changes)  # a key that is not a setting is refused
+        assert (settings == baseline) == (variant == "baseline"), variant
+        assert description
+    paper = _model("baseline")
+    assert not paper.cfg.norm_first and paper.src_embed is paper.tgt_embed
+    assert paper.generator.weight is paper.tgt_embed.lookup.weight and paper.src_embed.scale == math.sqrt(256)
+    assert _model("pre-norm").cfg.norm_first and _model("pre-norm-no-warmup").cfg.norm_first
+    assert _model("no-embedding-scale").src_embed.scale == 1.0
+    untied = _model("untied-output")
+    assert untied.generator.weight is not untied.tgt_embed.lookup.weight
+    separate = _model("separate-embeddings")
+    assert separate.src_embed is not separate.tgt_embed and separate.generator.weight is separate.tgt_embed.lookup.weight
+    assert isinstance(_model("learned-positions").src_positional, tl.LearnedPositionalEncoding)
+    assert _model("dropout-0.3").cfg.dropout == 0.3
+    warmup = translation.resolve_settings("multi30k", ablations.VARIANTS["no-warmup"][1])["training"]["warmup"]
+    assert warmup == 1 and tl.noam_lr(1, 256, warmup) == max(tl.noam_lr(s, 256, warmup) for s in range(1, 100))
+
+
+def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_where_it_stopped(tmp_path, monkeypatch,
+                                                                                               capsys):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data", rows=120)))  # BLEU needs 100 sentences
+    out = tmp_path / "records"
+    quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(QUICK), "--epochs", "2",
+             "--max-len", "8", "--alpha", "0.6", "1.0", "--seeds", "3"]
+    assert ablations.main([*quick, "--variants", "baseline", "separate-embeddings"]) == 0
+    records = {r["variant"]: r for r in ablations.read_records(out)}
+    assert sorted(records) == ["baseline", "separate-embeddings"]
+    for record in records.values():
+        assert record["seed"] == 3 and record["epochs"] == 2 and not record["diverged"]
+        assert record["device"] == "cpu" and record["device_name"] and record["torch"]
+        assert record["curve"] and record["minutes"] == record["curve"][-1]["minutes"] > 0
+        assert record["final_valid_loss"] == record["curve"][-1]["valid_loss"]
+        validation = [d for d in record["decodes"] if d["split"] == "validation" and d["beam_size"] > 1]
+        assert {(d["average_last"], d["alpha"]) for d in validation} == {(1, 0.6), (1, 1.0), (2, 0.6), (2, 1.0)}
+        best = max(validation, key=lambda d: d["bleu"])
+        assert record["chosen"]["valid_bleu"] == best["bleu"] and record["chosen"]["chosen_on"] == "validation"
+        assert record["test"]["bleu"] == next(d["bleu"] for d in record["decodes"] if d["split"] == "test")
+        assert 0 <= record["test_greedy_final"] <= 100 and 0 <= record["test_beam_final"] <= 100
+    assert records["baseline"]["steps"] == records["separate-embeddings"]["steps"]  # one seed: the same batches
+    assert records["separate-embeddings"]["settings"]["model"]["share_embeddings"] is False
+    assert records["baseline"]["settings"]["model"]["d_model"] == QUICK["model"]["d_model"]  # --overrides applied
+    capsys.readouterr()
+    assert ablations.main([*quick, "--variants", "baseline", "separate-embeddings"]) == 0
+    assert "0 runs to do" in capsys.readouterr().out  # a run with a record is not repeated
+
+    table = ablations.summary_table(ablations.read_records(out))
+    assert list(table["variant"][:2]) == ["baseline", "separate-embeddings"]  # in VARIANTS' order
+    row = table.set_index("variant").loc["baseline"]
+    assert row["test BLEU"] == records["baseline"]["test"]["bleu"] and math.isnan(row["test BLEU spread"])
+    assert "baseline decoded by greedy search, final weights" in set(table["variant"])
+
+
+def test_the_table_keeps_a_diverged_run_apart_and_shows_the_spread_over_seeds():
+    def record(seed: int, bleu: float | None) -> dict:
+        trained = bleu is not None
+        return {"variant": "no-warmup", "seed": seed, "diverged": not trained, "steps": 100 if trained else None,
+                "test": {"bleu": bleu} if trained else None, "valid_bleu_greedy": bleu, "final_valid_loss": 2.0,
+                "minutes": 1.5 if trained else None}
+
+    table = ablations.summary_table([record(0, 30.0), record(1, 33.0), record(2, None)])
+    row = table.set_index("variant").loc["no-warmup"]
+    assert (row["seeds"], row["diverged"], row["test BLEU"], row["test BLEU spread"]) == (3, 1, 31.5, 3.0)
+
+
+def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ablations.main(["--variants", "no-such-variant", "--out", str(tmp_path)])
+    assert "invalid choice: 'no-such-variant'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ablations.main([])
+    assert "give --out" in capsys.readouterr().err
