@@ -9,7 +9,9 @@ It runs, each with its own time limit, and goes on when one fails:
      (tests/test_device_paths.py), on this GPU: pinned copies, fused Adam, no host sync between log entries, bf16 and
      fp16 with a GradScaler, Ctrl-C and resume, a checkpoint moved between the GPU and the CPU, the key/value cache,
      torch.compile with varying shapes, torchrun with NCCL;
-  2. a short `multi30k` training with the command line, in the GPU's own precision: train, resume, evaluate on test2016;
+  2. a short `multi30k` training with the command line, in the GPU's own precision: train, resume, choose the
+     decoding on the validation split, evaluate on test2016 and write its scoreboard record (into a temporary
+     folder: the book's scoreboard is not touched), the path of a scoreboard row on a GPU;
   3. the same with the T4's path forced (TRANSFORMER_LIB_AUTOCAST=fp16: float16 with a GradScaler) on a newer GPU;
   4. chapters 8 and 9 executed top to bottom on the GPU in smoke mode (TRANSFORMER_BOOK_SMOKE=1), into a temporary
      folder: the book's stored notebooks are not touched.
@@ -113,8 +115,9 @@ def test_results(junit: Path, checks: Checks) -> None:
         checks.add(name, passed, round(float(case.get("time", 0)), 1), error)
 
 
-def training_checks(checks: Checks, work: Path, name: str, steps: int, env: dict) -> None:
-    """train --max-steps steps//2, then --resume to steps, then evaluate on test2016: the command line end to end."""
+def training_checks(checks: Checks, work: Path, name: str, steps: int, env: dict, scoreboard: bool = True) -> None:
+    """train --max-steps steps//2, --resume to steps, choose on validation, evaluate on test2016 (with --scoreboard,
+    which needs an epoch's record: at least one full epoch, about 160 steps of multi30k)."""
     run = work / name
     cli = [sys.executable, "-m", "transformer_lib"]
     common = ["--preset", "multi30k", "--no-progress"]
@@ -123,8 +126,16 @@ def training_checks(checks: Checks, work: Path, name: str, steps: int, env: dict
     checks.run(f"{name}: resume to {steps} steps", [*cli, "train", "--out", str(run), "--resume", "--no-progress",
                                                     "--max-steps", str(steps)], 300, env,
                expect=rf"trained {steps} steps")
-    checks.run(f"{name}: evaluate on test2016", [*cli, "evaluate", "--checkpoint", str(run), "--split", "test"], 180,
-               env, expect=r"BLEU = ")
+    checks.run(f"{name}: choose the decoding on validation", [*cli, "choose", "--checkpoint", str(run), "--alpha",
+                                                              "0.6", "1.0"], 300, env,
+               expect=r"chosen on the validation split")
+    if scoreboard:
+        checks.run(f"{name}: evaluate on test2016, scoreboard record", [
+            *cli, "evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(work / f"{name}-board")],
+            180, env, expect=r"BLEU = [\s\S]*scoreboard record written to .*multi30k-cuda\.json")
+    else:
+        checks.run(f"{name}: evaluate on test2016", [*cli, "evaluate", "--checkpoint", str(run), "--split", "test"],
+                   180, env, expect=r"BLEU = ")
 
 
 def chapter_checks(checks: Checks, work: Path) -> None:
@@ -184,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             "-p", "no:cacheprovider", f"--junitxml={junit}"], 420)
         test_results(junit, checks)
         training_checks(checks, work, "multi30k", steps, {})
-        training_checks(checks, work, "multi30k-fp16-gradscaler", steps // 2, {"TRANSFORMER_LIB_AUTOCAST": "fp16"})
+        training_checks(checks, work, "multi30k-fp16-gradscaler", steps // 2, {"TRANSFORMER_LIB_AUTOCAST": "fp16"},
+                        scoreboard=False)  # --quick: 150 steps, less than an epoch
         chapter_checks(checks, work)
     passed = all(result["passed"] is not False for result in checks.results)  # a skipped check is no failure
     report = {**facts, "checks": checks.results, "passed": passed}
