@@ -48,6 +48,20 @@ def test_a_record_round_trips_and_keeps_every_score_key(tmp_path):
     assert not list((tmp_path / "scoreboard").glob(".*.tmp"))
 
 
+def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(tmp_path):
+    own, fp16 = record(), record(precision="fp16")  # a T4's path, or a newer GPU with it forced
+    assert "precision" not in own and fp16["precision"] == "fp16"
+    paths = [write_scoreboard(r, tmp_path) for r in (fp16, own)]
+    assert [p.name for p in paths] == ["multi30k-cpu-cpu-fp16.json", "multi30k-cpu-cpu.json"]  # neither replaces
+    assert read_scoreboard(tmp_path) == [own, fp16]
+    assert list(scoreboard_table([own, fp16], tutorials=())["device"]) == ["cpu", "cpu (fp16, GradScaler)"]
+    with pytest.raises(ValueError, match=r"precision must be None .* or one of 'fp16', got 'int8'"):
+        record(precision="int8")
+    (tmp_path / paths[0].name).write_text(json.dumps({**fp16, "precision": None}), encoding="utf-8")
+    with pytest.raises(ValueError, match="precision, when present, must not be None"):
+        read_scoreboard(tmp_path)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -283,4 +297,16 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     assert saved["training_minutes"] == history["epochs"][-1]["minutes"]
     assert saved["steps"] == history["epochs"][-1]["step"] and saved["validation"] == VALIDATION
     assert saved["test"]["sentences"] == 1000 and f"BLEU = {saved['test']['bleu']:.2f}" in result.stdout
-    assert saved["notes"] == "trained on the first 600 pairs only"
+    assert saved["notes"] == "trained on the first 600 pairs only" and "precision" not in saved
+
+    # A run trained in float16 keeps its GradScaler's state in the checkpoint: its record gets a file of its own.
+    import torch
+
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+    checkpoint["scaler"] = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                            "_growth_tracker": 0}  # what GradScaler.state_dict() holds
+    torch.save(checkpoint, run / "checkpoint.pt")
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
+    assert result.returncode == 0, result.stderr
+    assert f"scoreboard record written to {board / 'tiny-cpu-fp16.json'}" in result.stdout
+    assert [r.get("precision") for r in read_scoreboard(board)] == [None, "fp16"]

@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file (not one of the inputs)")
     evaluate.add_argument("--scoreboard", type=_run_folder, metavar="DIR",
                           help="with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
+                               "(<preset>-<device>-fp16.json for a run trained in float16 with a GradScaler) "
                                "(training minutes from history.json, steps from the checkpoint, the device where it "
                                f"was saved; the decoding from {DECODING_FILE} or the run's settings, never from "
                                f"--beam/--alpha, which it refuses; the validation scores {DECODING_FILE} holds, else "
@@ -595,6 +596,7 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
         raise ValueError(f"{checkpoint} was saved from {', '.join(sorted(locations))}; the scoreboard records runs "
                          f"trained on 'cpu' or 'cuda'")
     device = "cuda" if kinds else "cpu"
+    precision = "fp16" if saved.get("scaler") is not None else None  # a GradScaler trains only float16 autocast
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{checkpoint} was trained on a GPU and this machine has none for the record to name; run "
                          f"evaluate --scoreboard on the machine that trained it")
@@ -607,7 +609,8 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
         notes.append(f"settings overridden: {json.dumps(run['overrides'], sort_keys=True)}")
     if run["train_limit"] is not None:
         notes.append(f"trained on the first {run['train_limit']} pairs only")
-    return {"device": device, "training_minutes": float(minutes), "steps": steps, "decoding": decoding,
+    return {"device": device, "precision": precision, "training_minutes": float(minutes), "steps": steps,
+            "decoding": decoding,
             "validation": record.get("validation") if record else None, "notes": "; ".join(notes) or None}
 
 
@@ -711,7 +714,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         record = scoreboard_record(preset=run["preset"], device=facts["device"],
                                    training_minutes=facts["training_minutes"], steps=facts["steps"],
                                    validation=facts["validation"], test=scores, decoding=facts["decoding"],
-                                   chosen_on="validation", notes=facts["notes"])
+                                   chosen_on="validation", notes=facts["notes"], precision=facts["precision"])
         print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}")
     return 0
 

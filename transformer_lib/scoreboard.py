@@ -1,6 +1,7 @@
 """The scoreboard: one record per full training run, and the table that compares them (hand-written; issue 22).
 
-A record is benchmarks/results/scoreboard/<preset>-<device>.json (device "cpu" or "cuda"): where the run trained
+A record is benchmarks/results/scoreboard/<preset>-<device>.json (device "cpu" or "cuda"; <preset>-cuda-fp16.json
+for a run trained in float16 with a GradScaler, a T4's path, beside the same preset in bf16): where the run trained
 (the CPU's model and its cores, or the GPU's name), the torch and transformer_lib versions, the date, the training
 minutes and steps, the decoding settings and the split they were chosen on (always "validation"), and the scores of
 transformer_lib.scoring.corpus_scores on the validation and test splits. `scoreboard_table` lays the records out
@@ -28,6 +29,7 @@ DEVICES = ("cpu", "cuda")
 RECORD_KEYS = ("preset", "device", "device_name", "cores", "torch", "transformer_lib", "date", "training_minutes",
                "steps", "decoding", "chosen_on", "validation", "test", "test_lowercase_tokenized_bleu", "code_hash",
                "notes")
+PRECISIONS = ("fp16",)  # the optional "precision" of a record: fp16 = float16 autocast with a GradScaler (a T4's path)
 SACREBLEU_METRIC = "sacreBLEU, cased, detokenized"  # what corpus_scores measures; its signature says the rest
 
 # Published results on Multi30k de-en beside which the book's runs are shown. Their metric differs from ours: the
@@ -71,6 +73,13 @@ def _check_device(device: Any) -> str:
     return device
 
 
+def _check_precision(precision: Any) -> str | None:
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be None (the device's own: bf16 autocast on a GPU of compute capability 8 "
+                         f"or more, float32 on a CPU) or one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    return precision
+
+
 def _check_chosen_on(chosen_on: Any) -> str:
     if chosen_on != "validation":
         raise ValueError(f"chosen_on must be 'validation', got {chosen_on!r}: decoding settings are chosen on the "
@@ -103,14 +112,16 @@ def _check_fields(*, preset, device, training_minutes, steps, validation, test, 
 
 def scoreboard_record(*, preset: str, device: str, training_minutes: float, steps: int, validation: dict | None,
                       test: dict, decoding: dict, chosen_on: str, test_lowercase_tokenized_bleu: float | None = None,
-                      code_hash: str | None = None, notes: str | None = None) -> dict:
+                      code_hash: str | None = None, notes: str | None = None, precision: str | None = None) -> dict:
     """The scoreboard record of one full run, made on the machine that trained it.
 
     validation and test are dicts of transformer_lib.scoring.corpus_scores (bleu, chrf, bleu_signature and
     chrf_signature at least; further keys such as bp, ratio, hyp_len, ref_len are kept); validation may be None when
     the run's validation scores were not kept. decoding is dict(beam_size=int, alpha=float, average_last=int) and
     chosen_on must be "validation". device_name (the CPU's model, or the GPU's name), cores, the torch and
-    transformer_lib versions and the date are filled in here.
+    transformer_lib versions and the date are filled in here. precision="fp16" marks a run trained in float16 with a
+    GradScaler (a T4, or a newer GPU with the T4's path forced): such a record has a file of its own, beside the
+    record of the same preset in the device's own precision.
     """
     record = _check_fields(preset=preset, device=device, training_minutes=training_minutes, steps=steps,
                            validation=validation, test=test, decoding=decoding, chosen_on=chosen_on,
@@ -125,7 +136,10 @@ def scoreboard_record(*, preset: str, device: str, training_minutes: float, step
         device_name = cpu_name()
     record.update(device_name=device_name, cores=os.cpu_count(), torch=torch.__version__,
                   transformer_lib=transformer_lib.__version__, date=datetime.date.today().isoformat())
-    return {key: record[key] for key in RECORD_KEYS}
+    ordered = {key: record[key] for key in RECORD_KEYS}
+    if _check_precision(precision) is not None:
+        ordered["precision"] = precision  # only where it says something: records of a device's own precision lack it
+    return ordered
 
 
 def check_record(record: Any, what: str = "record") -> dict:
@@ -134,7 +148,7 @@ def check_record(record: Any, what: str = "record") -> dict:
         raise ValueError(f"{what} must be a dict made by scoreboard_record, got {type(record).__name__} "
                          f"{record!r:.60}")
     missing = [key for key in RECORD_KEYS if key not in record]
-    unknown = [key for key in record if key not in RECORD_KEYS]
+    unknown = [key for key in record if key not in RECORD_KEYS and key != "precision"]
     if missing or unknown:
         problems = [f"it lacks {', '.join(missing)}"] * bool(missing) + [
             f"{', '.join(map(repr, unknown))} {'are' if len(unknown) > 1 else 'is'} not part of a record"
@@ -147,6 +161,12 @@ def check_record(record: Any, what: str = "record") -> dict:
                                                       "test_lowercase_tokenized_bleu", "code_hash", "notes")})
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
+    if "precision" in record:
+        try:
+            if _check_precision(record["precision"]) is None:
+                raise ValueError("precision, when present, must not be None (leave it out instead)")
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
     for key in ("device_name", "torch", "transformer_lib", "date"):
         if not isinstance(record[key], str) or not record[key]:
             raise ValueError(f"{what}: {key} must be a non-empty string, got {record[key]!r}")
@@ -156,14 +176,16 @@ def check_record(record: Any, what: str = "record") -> dict:
 
 
 def scoreboard_path(record: dict, folder: str | Path) -> Path:
-    """folder/<preset>-<device>.json, the one file of a preset's full run on a kind of device."""
-    return Path(folder) / f"{record['preset']}-{record['device']}.json"
+    """folder/<preset>-<device>.json, the one file of a preset's full run on a kind of device; with a precision,
+    folder/<preset>-<device>-<precision>.json."""
+    precision = f"-{record['precision']}" if record.get("precision") else ""
+    return Path(folder) / f"{record['preset']}-{record['device']}{precision}.json"
 
 
 def write_scoreboard(record: dict, folder: str | Path) -> Path:
-    """Write record to folder/<preset>-<device>.json (atomic, strict JSON), creating folder; returns the path.
+    """Write record to scoreboard_path(record, folder) (atomic, strict JSON), creating folder; returns the path.
 
-    The record replaces that preset's earlier record on that device. A folder, or a file in it, that is a symbolic
+    The record replaces that preset's earlier record on that device (in that precision). A folder, or a file in it, that is a symbolic
     link is refused: nothing is written through a link this module did not create.
     """
     check_record(record)
@@ -196,7 +218,7 @@ def read_scoreboard(folder: str | Path) -> list[dict]:
             raise ValueError(f"scoreboard file {str(path)!r} holds the record of {record['preset']} on "
                              f"{record['device']}, which belongs in {scoreboard_path(record, folder).name}; rename it")
         records.append(record)
-    return sorted(records, key=lambda r: (r["preset"], r["device"]))
+    return sorted(records, key=lambda r: (r["preset"], r["device"], r.get("precision") or ""))
 
 
 def _decoding_text(decoding: dict) -> str:
@@ -220,7 +242,7 @@ def scoreboard_table(records: list[dict], tutorials: tuple[dict, ...] | list[dic
         test, validation = record["test"], record["validation"]
         rows.append({
             "system": f"transformer_lib {record['preset']}",
-            "device": record["device"],
+            "device": record["device"] + (f" ({record['precision']}, GradScaler)" if record.get("precision") else ""),
             "device name": record["device_name"] + (f" ({record['cores']} cores)" * (record["device"] == "cpu"
                                                                                      and bool(record["cores"]))),
             "training minutes": record["training_minutes"],
