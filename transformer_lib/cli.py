@@ -653,7 +653,7 @@ def cmd_choose(args: argparse.Namespace) -> int:
         bleu, average_last, alpha, scores = max(tried, key=lambda row: row[0])  # the first of equal scores
         chosen = {"beam_size": beam, "alpha": alpha, "average_last": average_last}
         path = write_decoding(folder, chosen, chosen_on="validation", validation=scores)
-    print(f"chosen on the validation split: {_weights_label(average_last)}, beam {beam}, alpha {alpha:g}, BLEU "
+    print(f"chosen on the validation split: {_weights_label(average_last)}, beam {beam}, alpha {alpha}, BLEU "
           f"{bleu:.2f}; written to {path} (translate and evaluate decode with it)")
     return 0
 
