@@ -207,6 +207,29 @@ def summary_table(records: list[dict]):
     return pd.DataFrame(rows)
 
 
+def plot_curves(records: list[dict], ax=None):
+    """Greedy validation BLEU against steps, one line per run (its epochs that measured BLEU), a colour per variant,
+    in VARIANTS' order; a diverged run is drawn up to where it stopped, dashed. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        ax = plt.subplots(figsize=(8, 4.5))[1]
+    colours = plt.get_cmap("tab10")
+    for number, variant in enumerate(VARIANTS):
+        runs = sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"])
+        for index, run in enumerate(runs):
+            points = [(p["step"], p["valid_bleu"]) for p in run["curve"] if p.get("valid_bleu") is not None]
+            if not points:
+                continue
+            steps, bleu = zip(*points)
+            ax.plot(steps, bleu, color=colours(number % 10), linestyle="--" if run["diverged"] else "-",
+                    linewidth=1.2, label=variant if index == 0 else None)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation BLEU (greedy)")
+    ax.legend(fontsize="small", ncol=2)
+    return ax
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)

@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import ablations  # noqa: E402
 
 
+MEASURED = {**QUICK, "training": {**QUICK["training"], "bleu_every": 1}}  # greedy BLEU after every epoch: the curve
+
+
 def _model(variant: str) -> tl.Transformer:
     """The model train_translator builds for a variant of the multi30k preset (a small vocabulary, to be quick)."""
     settings = translation.resolve_settings("multi30k", ablations.VARIANTS[variant][1])
@@ -49,7 +52,7 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
                                                                                                capsys):
     monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data", rows=120)))  # BLEU needs 100 sentences
     out = tmp_path / "records"
-    quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(QUICK), "--epochs", "2",
+    quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(MEASURED), "--epochs", "2",
              "--max-len", "8", "--alpha", "0.6", "1.0", "--seeds", "3"]
     assert ablations.main([*quick, "--variants", "baseline", "separate-embeddings"]) == 0
     records = {r["variant"]: r for r in ablations.read_records(out)}
@@ -77,6 +80,10 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
     row = table.set_index("variant").loc["baseline"]
     assert row["test BLEU"] == records["baseline"]["test"]["bleu"] and math.isnan(row["test BLEU spread"])
     assert "baseline decoded by greedy search, final weights" in set(table["variant"])
+    ax = ablations.plot_curves(ablations.read_records(out))
+    lines = ax.get_lines()
+    assert len(lines) == 2 and [line.get_label() for line in lines] == ["baseline", "separate-embeddings"]
+    assert list(lines[0].get_xdata()) == [p["step"] for p in records["baseline"]["curve"]]  # every epoch's BLEU
 
 
 def test_the_table_keeps_a_diverged_run_apart_and_shows_the_spread_over_seeds():
