@@ -189,13 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     choose.add_argument("--average", type=_positive, nargs="+",
                         help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
                              "every epoch the run keeps)")
-    choose.add_argument("--max-len", type=_positive,
-                        help="at most this many tokens per translation (default: the source's length + 50)")
-    choose.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
 
     evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
-    for command in (translate, evaluate):  # how translate() decodes, and where
+    for command in (translate, evaluate):  # choose takes several --alpha
         command.add_argument("--alpha", type=_alpha, help="length penalty exponent of beam search, 0 for none")
+    for command in (translate, choose, evaluate):  # how translate() decodes, and where
         command.add_argument("--max-len", type=_positive,
                              help="at most this many tokens per translation (default: the source's length + 50)")
         command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")

@@ -161,10 +161,11 @@ def check_record(record: Any, what: str = "record") -> dict:
                                                       "test_lowercase_tokenized_bleu", "code_hash", "notes")})
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
-    if "precision" in record:
+    if "precision" in record:  # optional: records of a device's own precision leave it out
+        if record["precision"] is None:
+            raise ValueError(f"{what}: precision, when present, must not be None (leave it out instead)")
         try:
-            if _check_precision(record["precision"]) is None:
-                raise ValueError("precision, when present, must not be None (leave it out instead)")
+            _check_precision(record["precision"])
         except ValueError as error:
             raise ValueError(f"{what}: {error}") from None
     for key in ("device_name", "torch", "transformer_lib", "date"):
