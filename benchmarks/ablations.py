@@ -105,8 +105,12 @@ def run_one(args: argparse.Namespace) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix=f"ablation_{args.variant}_{args.seed}_", dir=args.work))
     curve: list[dict] = []
 
+    load: list[float] = []  # the machine's 1-minute load average at each epoch's end: was anything else running?
+
     def on_record(point: dict) -> None:  # the epoch records, kept for the curve and shown in the run's log
         curve.append(point)
+        if hasattr(os, "getloadavg"):
+            load.append(round(os.getloadavg()[0], 2))
         print(json.dumps(point), flush=True)
 
     started = time.perf_counter()
@@ -120,26 +124,28 @@ def run_one(args: argparse.Namespace) -> dict:
                           wall_minutes=(time.perf_counter() - started) / 60)
             atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
             return record
-        record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve,
+        record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve, load_average=load,
                       minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
                       final_valid_loss=curve[-1]["valid_loss"] if curve else None)
         splits = {split: load_pairs("multi30k", split, "de", "en") for split in ("validation", "test")}
         kept = len(translation.epoch_weights(run_dir / "run"))
         weights = [1] + ([kept] if kept > 1 else [])
-        decodes, loaded = [], {}
+        decodes, loaded, hypotheses = [], {}, {}
 
-        def decode(split: str, average_last: int, beam: int, alpha: float) -> dict:
+        def decode(split: str, average_last: int, beam: int, alpha: float, keep: str | None = None) -> dict:
             if average_last not in loaded:
                 loaded[average_last] = translation.load_translator(run_dir / "run", average_last=average_last)
             model, tokenizer = loaded[average_last]
             sources, references = zip(*splits[split])
-            hypotheses = translation.translate(model, tokenizer, list(sources), beam_size=beam, alpha=alpha,
-                                               max_len=args.max_len)
-            scores = corpus_scores(hypotheses, list(references))
+            hypotheses_of = translation.translate(model, tokenizer, list(sources), beam_size=beam, alpha=alpha,
+                                                  max_len=args.max_len)
+            scores = corpus_scores(hypotheses_of, list(references))
             row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
                    "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
                    "bleu_signature": scores["bleu_signature"]}
             decodes.append(row)
+            if keep is not None:  # the sentences themselves, for bootstrap intervals and paired tests later
+                hypotheses[keep] = hypotheses_of
             return row
 
         greedy = decode("validation", 1, 1, 0.0)
@@ -150,13 +156,18 @@ def run_one(args: argparse.Namespace) -> dict:
         record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
                             "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],
                             "chosen_on": "validation"}
-        test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"])
+        test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"], keep="chosen")
         record["test"] = {key: test[key] for key in ("bleu", "chrf", "bp", "ratio", "bleu_signature")}
         # The rows on decoding, on the test split too: greedy, and beam search without the averaged weights.
-        record["test_greedy_final"] = decode("test", 1, 1, 0.0)["bleu"]
-        record["test_beam_final"] = (test["bleu"] if chosen is best_final else
-                                     decode("test", 1, best_final["beam_size"], best_final["alpha"])["bleu"])
+        record["test_greedy_final"] = decode("test", 1, 1, 0.0, keep="greedy_final")["bleu"]
+        if chosen is best_final:
+            record["test_beam_final"] = test["bleu"]
+            hypotheses["beam_final"] = hypotheses["chosen"]
+        else:
+            record["test_beam_final"] = decode("test", 1, best_final["beam_size"], best_final["alpha"],
+                                               keep="beam_final")["bleu"]
         record["decodes"] = decodes
+        record["test_hypotheses"] = hypotheses  # test2016's 1,000 sentences per decoding, in the split's order
         record["wall_minutes"] = (time.perf_counter() - started) / 60
         atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
         return record
@@ -242,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-limit", type=int, help="only the first N training pairs (quick trials)")
     parser.add_argument("--epochs", type=int, help="train this many epochs instead of the preset's (quick trials)")
     parser.add_argument("--beam", type=int, default=4, help="default: %(default)s")
-    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 1.0], help="default: %(default)s")
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2],
+                        help="default: %(default)s, chapter 8's")
     parser.add_argument("--max-len", type=int, help="at most this many tokens per translation (quick trials)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: %(default)s)")
     parser.add_argument("--stop-after", type=float, help="start no run after this many minutes")

@@ -12,6 +12,7 @@ from test_translation import QUICK, tiny_corpus
 
 import transformer_lib as tl
 from transformer_lib import data, translation
+from transformer_lib.scoring import corpus_scores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import ablations  # noqa: E402
@@ -68,6 +69,13 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
         assert record["chosen"]["valid_bleu"] == best["bleu"] and record["chosen"]["chosen_on"] == "validation"
         assert record["test"]["bleu"] == next(d["bleu"] for d in record["decodes"] if d["split"] == "test")
         assert 0 <= record["test_greedy_final"] <= 100 and 0 <= record["test_beam_final"] <= 100
+        kept = record["test_hypotheses"]  # the sentences, for the bootstrap intervals and the paired tests
+        assert sorted(kept) == ["beam_final", "chosen", "greedy_final"]
+        test_size = len(data.load_pairs("multi30k", "test", "de", "en"))
+        assert all(len(hyps) == test_size and all(isinstance(h, str) for h in hyps) for hyps in kept.values())
+        assert corpus_scores(kept["chosen"], [en for _, en in data.load_pairs("multi30k", "test", "de", "en")])[
+            "bleu"] == record["test"]["bleu"]
+        assert len(record["load_average"]) == len(record["curve"])
     assert records["baseline"]["steps"] == records["separate-embeddings"]["steps"]  # one seed: the same batches
     assert records["separate-embeddings"]["settings"]["model"]["share_embeddings"] is False
     assert records["baseline"]["settings"]["model"]["d_model"] == QUICK["model"]["d_model"]  # --overrides applied
