@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
-HAND_WRITTEN_HELPERS = {"runtime", "runs"}  # what generated modules may import besides earlier chapters' modules
+HAND_WRITTEN_HELPERS = {"runtime", "runs", "_version"}  # what generated modules may import besides earlier chapters' modules
 
 
 def chapter_of_each_generated_module() -> dict[str, int]:
@@ -21,15 +21,56 @@ def chapter_of_each_generated_module() -> dict[str, int]:
     return chapters
 
 
-def package_imports(path: Path) -> set[str]:
-    """The transformer_lib modules that a file imports (transformer_lib.X -> X)."""
+def _module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name under transformer_lib: 'runs', 'grading.engine', and
+    '__init__' for the package itself ('grading' for grading/__init__.py)."""
+    files = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        files[".".join(parts)] = path
+    return files
+
+
+def package_imports(path: Path, top_level_only: bool = False, package: str | None = None) -> set[str]:
+    """The transformer_lib modules that a file imports, wherever the import statement is (a function body too):
+    `from transformer_lib.X import ...` and `import transformer_lib.X` give X, `import transformer_lib` and
+    `from transformer_lib import name` give __init__ (or the module `name`), `from .X import ...` (inside
+    grading/) gives grading.X. top_level_only keeps the imports at the top of the file; package is the sub-package
+    the file is in ('' at the top, 'grading'), by default read from its place under transformer_lib/."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    modules = set(_module_files())
+    if package is None:
+        package = ".".join(path.relative_to(PACKAGE).parts[:-1])
+
+    def named(dotted: str) -> str:  # 'transformer_lib.runs' -> 'runs'; 'transformer_lib' -> '__init__'
+        inner = dotted.removeprefix("transformer_lib").lstrip(".")
+        return inner if inner in modules else (inner.split(".")[0] if inner else "__init__")
+
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("transformer_lib."):
-            names.add(node.module.split(".")[1])
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from .engine import ...
+                base = package if node.level == 1 else ".".join(package.split(".")[: 1 - node.level])
+                dotted = ".".join(part for part in ("transformer_lib", base, node.module or "") if part)
+            elif node.module and (node.module == "transformer_lib" or node.module.startswith("transformer_lib.")):
+                dotted = node.module
+            else:
+                continue
+            for alias in node.names:  # `from transformer_lib import scoreboard` imports the module scoreboard
+                submodule = f"{dotted}.{alias.name}".removeprefix("transformer_lib.")
+                names.add(submodule if submodule in modules else named(dotted))
         elif isinstance(node, ast.Import):
-            names |= {a.name.split(".")[1] for a in node.names if a.name.startswith("transformer_lib.")}
+            names |= {named(a.name) for a in node.names
+                      if a.name == "transformer_lib" or a.name.startswith("transformer_lib.")}
     return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package modules it imports (itself left out)."""
+    return {name: package_imports(path) - {name} for name, path in _module_files().items()}
 
 
 def test_generated_modules_import_only_earlier_chapters_and_plain_helpers():
@@ -43,8 +84,32 @@ def test_generated_modules_import_only_earlier_chapters_and_plain_helpers():
                 assert imported in HAND_WRITTEN_HELPERS, f"{module} (chapter {chapter}) imports hand-written {imported}"
 
 
+def test_the_hand_written_helpers_reach_nothing_a_chapter_may_not_import():
+    """A generated module may import runs.py; so runs.py, and whatever it imports in turn, wherever in the file,
+    must stay among the helpers (never distributed.py, grading or cli.py)."""
+    graph = import_graph()
+    for helper in sorted(HAND_WRITTEN_HELPERS):
+        reached, pending = set(), [helper]
+        while pending:
+            for nxt in graph.get(pending.pop(), set()) - reached:
+                reached.add(nxt)
+                pending.append(nxt)
+        chapters = chapter_of_each_generated_module()
+        assert reached <= HAND_WRITTEN_HELPERS, f"{helper} reaches {sorted(reached - HAND_WRITTEN_HELPERS)}" + (
+            " (a chapter's module)" if reached & set(chapters) else "")
+
+
+def test_the_package_imports_its_own_modules_at_the_top_of_each_file():
+    """An import inside a function hides an arrow of the graph from a reader (and from a glance at the file's top);
+    the package's own modules are imported at the top. (Optional libraries, such as altair, may be imported late.)"""
+    for name, path in _module_files().items():
+        late = package_imports(path) - package_imports(path, top_level_only=True)
+        assert not late, f"{path.relative_to(ROOT)} imports {sorted(late)} inside a function"
+
+
 def test_the_import_graph_has_no_cycle():
-    graph = {p.stem: package_imports(p) - {p.stem} for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    """__init__ included: a module that imports `transformer_lib` itself, while __init__ imports it, is a loop."""
+    graph = import_graph()
     done, visiting = set(), []
 
     def visit(node: str) -> None:
@@ -52,13 +117,26 @@ def test_the_import_graph_has_no_cycle():
         if node in done or node not in graph:
             return
         visiting.append(node)
-        for nxt in graph[node]:
+        for nxt in sorted(graph[node]):
             visit(nxt)
         visiting.pop()
         done.add(node)
 
-    for node in graph:
+    for node in sorted(graph):
         visit(node)
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    """The reader of imports itself: a bare `import transformer_lib`, a module imported by name from the package,
+    a relative import inside grading/ and an import inside a function all count."""
+    sample = tmp_path / "engine.py"
+    sample.write_text("import transformer_lib\nfrom transformer_lib import scoreboard, Transformer\n"
+                      "from . import ch03_attention\nfrom .engine import _run\n\n\ndef f():\n"
+                      "    from transformer_lib.runs import atomic_open\n", encoding="utf-8")
+    assert package_imports(sample, package="grading") == {"__init__", "scoreboard", "grading.ch03_attention",
+                                                          "grading.engine", "runs"}
+    assert package_imports(sample, top_level_only=True, package="grading") == package_imports(
+        sample, package="grading") - {"runs"}
 
 
 def test_the_key_value_cache_lives_in_the_chapter_that_teaches_it():

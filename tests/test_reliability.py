@@ -336,7 +336,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes_the_same_run(tmp_path):
         if state.epoch == 1:
             os.kill(os.getpid(), signal.SIGINT)  # arrives while the next step runs; the loop ends after it
 
-    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C at step \d+; saved"):
+    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C \(SIGINT\) at step \d+; saved"):
         train(model, copy_batches, optimizer, scheduler, max_steps=12, log_every=3, progress=False,
               checkpoint_path=path, on_epoch_end=press_ctrl_c)
     checkpoint = load_checkpoint(path)
@@ -381,14 +381,19 @@ with runs.interrupt_guard() as interrupt:
     for _ in range(1000):  # the handler runs between bytecodes of the main thread
         if interrupt.requested:
             break
-print("requested" if interrupt.requested else "not requested", signal.getsignal(signal.SIGTERM) is before)
+print("requested" if interrupt.requested else "not requested", signal.getsignal(signal.SIGTERM) is before,
+      interrupt.signal_name)
+with runs.interrupt_guard(enabled=False) as interrupt:  # several processes: the signal acts as usual
+    print(signal.getsignal(signal.SIGTERM) is before)
 """
 
 
 def test_sigterm_is_handled_like_ctrl_c():
     result = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, f"killed by signal {-result.returncode}" if result.returncode < 0 else result.stderr
-    assert result.stdout.split() == ["requested", "True"]  # and the previous handler is back afterwards
+    # named as the signal it was (the message says "stopped by SIGTERM", not "by Ctrl-C"); the previous handler is
+    # back afterwards, and a disabled guard leaves it in place
+    assert result.stdout.split() == ["requested", "True", "SIGTERM", "True"]
 
 
 # ---- mixed precision by compute capability ----
@@ -655,7 +660,7 @@ def test_ctrl_c_during_the_last_save_lets_it_finish(tmp_path, monkeypatch):
         real_save(obj, file, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_then_press_ctrl_c)
-    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C at step 3; saved"):
+    with pytest.raises(KeyboardInterrupt, match=r"stopped by Ctrl-C \(SIGINT\) at step 3; saved"):
         train(model, copy_batches, optimizer, scheduler, max_steps=3, checkpoint_path=path, progress=False)
     monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(path)["state"]["step"] == 3

@@ -47,7 +47,6 @@ from transformer_lib.training import (
     train,
     translation_loss,
 )
-from transformer_lib import scoreboard  # noqa: E402  (the records of full runs: tl.scoreboard)
 from transformer_lib.translation import (
     average_checkpoints,
     decoding_settings,
@@ -57,7 +56,8 @@ from transformer_lib.translation import (
     translate,
 )
 
-__version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
+from transformer_lib import scoreboard  # the records of full runs: tl.scoreboard
+from transformer_lib._version import __version__  # written once, in _version.py
 
 __all__ = [
     "BOS_ID",

@@ -675,11 +675,13 @@ def diverged(step: int, what: str, value: Any, checkpoint_path: str | Path | Non
 
 class _Interrupt:
     requested: bool = False
+    signal_name: str = ""  # which signal asked to stop: "Ctrl-C (SIGINT)" or "SIGTERM"
 
     def handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # a second Ctrl-C: stop at once
+        if self.requested:  # a second signal: stop at once
             raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 # Ctrl-C, and the polite stop that `kill PID`, systemd and cluster schedulers send before SIGKILL (POSIX only).
@@ -687,17 +689,15 @@ _STOP_SIGNALS = (signal.SIGINT, *((signal.SIGTERM,) if os.name == "posix" else (
 
 
 @contextmanager
-def interrupt_guard() -> Iterator[_Interrupt]:
-    """While active, Ctrl-C (SIGINT) or SIGTERM sets .requested instead of stopping, so the loop can finish its step
-    and save.
+def interrupt_guard(enabled: bool = True) -> Iterator[_Interrupt]:
+    """While active, Ctrl-C (SIGINT) or SIGTERM sets .requested (and .signal_name) instead of stopping, so the loop
+    can finish its step and save.
 
-    A second signal raises KeyboardInterrupt at once. Outside the main thread, and under torchrun (where processes would stop at
-    different steps), Ctrl-C raises as usual and .requested stays False.
+    A second signal raises KeyboardInterrupt at once. With enabled=False (several processes training together, which
+    would stop at different steps) or outside the main thread, signals act as usual and .requested stays False.
     """
-    from transformer_lib.distributed import world_size
-
     interrupt = _Interrupt()
-    if threading.current_thread() is not threading.main_thread() or world_size() > 1:
+    if not enabled or threading.current_thread() is not threading.main_thread():
         yield interrupt
         return
     previous = {number: signal.signal(number, interrupt.handle) for number in _STOP_SIGNALS}

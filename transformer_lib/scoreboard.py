@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-import transformer_lib
+from transformer_lib._version import __version__
 from transformer_lib.runs import check_decoding, check_scores, read_json, read_text, write_json
 from transformer_lib.runtime import cpu_name
 
@@ -135,7 +135,7 @@ def scoreboard_record(*, preset: str, device: str, training_minutes: float, step
     else:
         device_name = cpu_name()
     record.update(device_name=device_name, cores=os.cpu_count(), torch=torch.__version__,
-                  transformer_lib=transformer_lib.__version__, date=datetime.date.today().isoformat())
+                  transformer_lib=__version__, date=datetime.date.today().isoformat())
     ordered = {key: record[key] for key in RECORD_KEYS}
     if _check_precision(precision) is not None:
         ordered["precision"] = precision  # only where it says something: records of a device's own precision lack it

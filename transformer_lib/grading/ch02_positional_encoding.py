@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lib.positional import sinusoidal_encoding as paper
+
 from .engine import _generator, _randint, _run
 
 
@@ -25,8 +27,6 @@ def _encode(positions: Tensor, d_model: int, base: float = 10000.0, log: Callabl
 def grade_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | None = None) -> None:
     """Check fn(positions, d_model) -> the paper's encodings (..., d_model) of integer positions (...) against the
     rows of tl.sinusoidal_encoding."""
-    from transformer_lib.positional import sinusoidal_encoding as paper
-
     g, seed = _generator(seed)
 
     def reference(positions: Tensor, d_model: int) -> Tensor:

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lib.attention import scaled_dot_product_attention
+
 from .engine import _generator, _name_number, _randint, _run
 
 
@@ -91,8 +93,6 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
 
 def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None = None) -> None:
     """Check fn(q, k, v, mask=None) -> (output, weights) against tl.scaled_dot_product_attention on fresh inputs."""
-    from transformer_lib.attention import scaled_dot_product_attention
-
     g, seed = _generator(seed)
 
     def randn(*shape: int) -> Tensor:

@@ -9,14 +9,15 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.multihead import MultiHeadAttention
+
 from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
 
 
 def _head_outputs(attention: nn.Module, x: Tensor, split: str = "transpose", w_o_block: str = "columns",
                   bias: bool = False) -> Tensor:
     """Each head's share of attention(x, x, x)[0] (B, h, T, d_model), with optional mistakes to recognise them."""
-    from transformer_lib.attention import scaled_dot_product_attention
-
     batch, length, d_model = x.shape
     h, d_k = attention.n_heads, attention.d_k
 
@@ -37,8 +38,6 @@ def _head_outputs(attention: nn.Module, x: Tensor, split: str = "transpose", w_o
 
 def grade_head_outputs(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(attention, x) -> each head's share (B, h, T, d_model) of attention(x, x, x)[0], bias left out."""
-    from transformer_lib.multihead import MultiHeadAttention
-
     g, seed = _generator(seed)
 
     def layer(d_model: int, n_heads: int) -> MultiHeadAttention:
@@ -153,8 +152,6 @@ def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
 
 def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(q, k, v, block_size) -> softmax(q k^T / sqrt(d_k)) v against tl.scaled_dot_product_attention."""
-    from transformer_lib.attention import scaled_dot_product_attention
-
     g, seed = _generator(seed)
 
     def qkv(batch: int, heads: int, t_q: int, t_k: int, d_k: int, spread: float = 1.0) -> dict:

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lib.model import Transformer, TransformerConfig, count_parameters
+
 from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
 
 
@@ -28,8 +30,6 @@ def _parameter_formula(cfg: Any, final_norms: bool = True, tie: bool = True, sha
 
 def grade_parameter_count(fn: Callable[[Any], int], seed: int | None = None) -> None:
     """Check fn(cfg) -> count_parameters(Transformer(cfg)), computed without building the model, on random configs."""
-    from transformer_lib.model import Transformer, TransformerConfig, count_parameters
-
     g, seed = _generator(seed)
 
     def reference(cfg: TransformerConfig) -> Tensor:

@@ -5,6 +5,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from transformer_lib.training import translation_loss
+
 from .engine import _generator, _randint, _run
 
 
@@ -17,8 +19,6 @@ def _smoothed_per_token(logits: Tensor, labels: Tensor, on_label: float, on_othe
 
 def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None) -> None:
     """Check fn(logits, labels, pad_id, eps) -> mean label-smoothed loss over real tokens (translation_loss)."""
-    from transformer_lib.training import translation_loss
-
     g, seed = _generator(seed)
 
     def batch(size: tuple[int, int, int], eps: float, pad_id: int = 0, empty_row: int | None = None) -> dict:
