@@ -23,11 +23,9 @@ def _built_verdicts():
     build = os.environ.get("TRANSFORMER_BOOK_BUILT")
     if not build:
         return None
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, os.path.join(os.path.dirname(_BOOK), "tools"))
-    from built_book import reusable
+    from built_book import reusable  # tools/ is on the path: pyproject.toml, [tool.pytest.ini_options] pythonpath
 
     if not Path(build).is_dir():
         raise SystemExit(f"TRANSFORMER_BOOK_BUILT={build!r} is not a folder; build the book first or unset it")

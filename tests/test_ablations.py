@@ -3,7 +3,6 @@ variants, its runs and its table are checked on a made-up corpus in seconds."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ import transformer_lib as tl
 from transformer_lib import data, translation
 from transformer_lib.scoring import corpus_scores
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import ablations  # noqa: E402
+import ablations
 
 
 MEASURED = {**QUICK, "training": {**QUICK["training"], "bleu_every": 1}}  # greedy BLEU after every epoch: the curve

@@ -15,9 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import transformer_lib as tl
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import benchmark  # noqa: E402
-from torch_baseline import TorchTransformer  # noqa: E402
+import benchmark
+from torch_baseline import TorchTransformer
 
 
 @pytest.mark.parametrize("shape", [(3, 10, 7), (2, 5, 13)])

@@ -3,7 +3,6 @@ exists, imports earlier pieces and ends with checked exercises (CONTRIBUTING.md,
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +10,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-sys.path.insert(0, str(ROOT / "tools"))
 
-import colab  # noqa: E402
+import colab
 
-import transformer_lib.grading  # noqa: E402
+import transformer_lib.grading
 
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 APPENDICES = sorted(BOOK.glob("appendix_*.ipynb"))  # after the chapters; they need no exercises

@@ -13,7 +13,6 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import urllib.request
 from pathlib import Path
@@ -93,10 +92,8 @@ def mathjax_missing() -> str | None:
                 f"npm could not fetch it. Fix: {MATHJAX_FIX}")
 
 
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
-import colab  # noqa: E402
-import offline_cdn  # noqa: E402
+import colab
+import offline_cdn
 
 
 def serve_offline(page) -> list[str]:

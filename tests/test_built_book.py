@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
-import built_book  # noqa: E402
+import built_book
 
 
 def notebook(*cells: dict) -> dict:

@@ -2,15 +2,13 @@
 must equal the export."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
-import export  # noqa: E402
+import export
 
 
 def test_committed_package_matches_the_notebooks():

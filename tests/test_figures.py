@@ -14,9 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-sys.path.insert(0, str(ROOT / "tools"))
 
-import figures  # noqa: E402
+import figures
 
 # A MyST figure directive, with backticks or colons: the path, then its option lines (":alt: ...", ":name: ...").
 FIGURE = re.compile(r"^(?:```|:::)\{figure\}\s+(\S+)\s*\n((?:[ \t]*:[\w-]+:.*\n)*)", re.MULTILINE)

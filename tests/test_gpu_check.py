@@ -8,9 +8,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import gpu_check  # noqa: E402
+import gpu_check
 
 
 def test_help_says_what_it_runs_and_how_long_it_takes():

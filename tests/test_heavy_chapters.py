@@ -6,15 +6,13 @@ prints or draws, say at the top where they come from, and stay small."""
 import ast
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
-import run_heavy_chapters as heavy  # noqa: E402
+import run_heavy_chapters as heavy
 
 PATHS = [ROOT / "book" / name for name in heavy.HEAVY_CHAPTERS]
 

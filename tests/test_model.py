@@ -1,4 +1,3 @@
-import sys
 from pathlib import Path
 
 import pytest
@@ -7,8 +6,7 @@ from torch import nn
 
 import transformer_lib as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from torch_baseline import TorchTransformer  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
+from torch_baseline import TorchTransformer  # (the benchmark's nn.Transformer baseline copies our weights)
 
 SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
 

@@ -1,4 +1,3 @@
-import sys
 from pathlib import Path
 
 import pytest
@@ -7,8 +6,7 @@ from torch import nn
 
 import transformer_lib as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from torch_baseline import copy_attention  # noqa: E402  (the benchmark's nn.Transformer baseline copies our weights)
+from torch_baseline import copy_attention  # (the benchmark's nn.Transformer baseline copies our weights)
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-sys.path.insert(0, str(ROOT / "tools"))
 
-from run_heavy_chapters import HEAVY_CHAPTERS  # noqa: E402
+from run_heavy_chapters import HEAVY_CHAPTERS
 
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 # Tags with which nbval or myst-nb let a cell raise or skip it: Run all in Colab honours neither.

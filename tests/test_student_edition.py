@@ -16,10 +16,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
-sys.path.insert(0, str(ROOT / "tools"))
 
-import colab  # noqa: E402
-import student_edition as se  # noqa: E402
+import colab
+import student_edition as se
+from test_links import pages_with_machine_paths_or_tracebacks
 
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
 
@@ -442,9 +442,6 @@ def test_the_student_edition_of_the_book_builds_and_holds_no_solution(tmp_path):
         if EXERCISE_LABELS.findall(markdown_of(nb)):
             assert "exercise" in page.read_text(encoding="utf-8")
     assert "student edition" in (out / "book" / "_build" / "html" / "intro.html").read_text(encoding="utf-8")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_links import pages_with_machine_paths_or_tracebacks
-
     assert not pages_with_machine_paths_or_tracebacks(out / "book" / "_build" / "html")
 
 
