@@ -35,6 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from transformer_lib.runs import MAX_BEAM
+from transformer_lib.translation import PRESETS, resolve_settings
+
 # name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
 # warm-up, label smoothing 0.1, dropout 0.1, sinusoidal positions, one embedding matrix shared by source and target,
 # scaled by sqrt(d_model) and reused by the output projection.
@@ -66,6 +69,40 @@ def merge(overrides: dict, extra: dict) -> dict:
     for part, values in extra.items():
         merged.setdefault(part, {}).update(values)
     return merged
+
+
+def _count_argument(least: int, most: int | None = None):
+    """An argparse type: an integer from least (to most)."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < least or (most is not None and number > most):
+            span = f"from {least} to {most}" if most is not None else f"of {least} or more"
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value!r}")
+        return number
+    return parse
+
+
+def _alpha_argument(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 <= number <= 10:  # (refuses nan and inf too)
+        raise argparse.ArgumentTypeError(f"expected a length-penalty exponent from 0 to 10, got {value!r}")
+    return number
+
+
+def _minutes_argument(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {value!r}")
+    return number
 
 
 def record_path(out: Path, variant: str, seed: int) -> Path:
@@ -175,14 +212,117 @@ def run_one(args: argparse.Namespace) -> dict:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def read_records(folder: Path) -> list[dict]:
-    records = []
-    for path in sorted(Path(folder).glob("*-seed*.json")):
+RECORD_KEYS = ("what", "variant", "description", "changes", "seed", "preset", "overrides", "settings", "train_limit",
+               "epochs_asked", "jobs", "device", "device_name", "torch", "cores", "torch_threads", "python", "date",
+               "diverged", "curve", "steps", "minutes", "wall_minutes")
+TRAINED_KEYS = ("epochs", "final_valid_loss", "valid_bleu_greedy", "chosen", "test", "test_greedy_final",
+                "test_beam_final", "decodes", "test_hypotheses")
+BLEU_ROUNDING = 1e-9  # sacreBLEU's arithmetic may give a perfect score as 100.00000000000004
+
+
+class RecordError(ValueError):
+    """A record file that is not a complete record of benchmarks/ablations.py, or not of this sweep."""
+
+
+def _bleu(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        0 <= value <= 100 + BLEU_ROUNDING)
+
+
+def _count(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _minutes(value) -> bool:  # a finite positive number of minutes, at most a year
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 60 * 24 * 365
+
+
+def check_record(record, path: Path) -> dict:
+    """record as run_one writes it: complete, every number of the right type and range, its file named after it, its
+    variant's changes those of VARIANTS; else a RecordError naming the file and what is wrong."""
+    def wrong(problem: str) -> RecordError:
+        return RecordError(f"ablation record {str(path)!r} {problem}; remove it (or run with --overwrite) to run it "
+                           f"again")
+
+    if not isinstance(record, dict):
+        raise wrong(f"holds a JSON {type(record).__name__}, not a record")
+    missing = [key for key in RECORD_KEYS + (() if record.get("diverged") else TRAINED_KEYS) if key not in record]
+    if missing:
+        raise wrong(f"lacks {', '.join(missing)}: it is not a complete record")
+    if record["variant"] not in VARIANTS or not _count(record["seed"]):
+        raise wrong(f"names variant {record['variant']!r} and seed {record['seed']!r}; expected one of VARIANTS and "
+                    f"a seed >= 0")
+    if path.name != record_path(path.parent, record["variant"], record["seed"]).name:
+        raise wrong(f"holds the record of {record['variant']} seed {record['seed']}, which belongs in "
+                    f"{record_path(path.parent, record['variant'], record['seed']).name}")
+    if record["changes"] != VARIANTS[record["variant"]][1]:
+        raise wrong(f"changes {record['changes']} where {record['variant']} now changes "
+                    f"{VARIANTS[record['variant']][1]}")
+    if not isinstance(record["diverged"], bool) or not isinstance(record["curve"], list):
+        raise wrong("has no yes/no 'diverged' or no list 'curve'")
+    if record["diverged"]:
+        if not isinstance(record.get("error"), str):
+            raise wrong("records a diverged run without its error")
+        return record
+    epochs = record["settings"]["training"]["epochs"] if record["epochs_asked"] is None else record["epochs_asked"]
+    if record["epochs"] != epochs or len(record["curve"]) != epochs:
+        raise wrong(f"records {record['epochs']} epochs and {len(record['curve'])} epoch records where its run asked "
+                    f"for {epochs}: a run cut short")
+    if not _count(record["steps"], 1) or not _minutes(record["minutes"]) or not _minutes(record["wall_minutes"]):
+        raise wrong(f"records steps {record['steps']!r}, minutes {record['minutes']!r} and wall minutes "
+                    f"{record['wall_minutes']!r}; expected a positive count and numbers of minutes up to a year")
+    scores = [record["valid_bleu_greedy"], record["test_greedy_final"], record["test_beam_final"],
+              record["test"].get("bleu") if isinstance(record["test"], dict) else None]
+    scores += [row.get("bleu") if isinstance(row, dict) else None for row in record["decodes"]]
+    if not all(_bleu(score) for score in scores):
+        raise wrong(f"holds a BLEU score that is not a number from 0 to 100 ({scores})")
+    chosen = record["chosen"]
+    if not isinstance(chosen, dict) or chosen.get("chosen_on") != "validation" or not _bleu(chosen.get("valid_bleu")):
+        raise wrong("holds no decoding chosen on the validation split")
+    hypotheses = record["test_hypotheses"]
+    if not (isinstance(hypotheses, dict) and sorted(hypotheses) == ["beam_final", "chosen", "greedy_final"]
+            and all(isinstance(h, list) and all(isinstance(t, str) for t in h) for h in hypotheses.values())
+            and len({len(h) for h in hypotheses.values()}) == 1):
+        raise wrong("holds no test hypotheses of its three decodings (lists of sentences, of one length)")
+    return record
+
+
+def read_record(path: Path) -> dict:
+    """The checked record in path; a RecordError naming the file when it is not valid JSON or not a record."""
+    if path.is_symlink() or not path.is_file():
+        raise RecordError(f"ablation record {str(path)!r} is a link or not a regular file; the records are the files "
+                          f"run_one writes")
+    try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if record_path(Path(folder), record["variant"], record["seed"]).name != path.name:
-            raise ValueError(f"{path} holds the record of {record['variant']} seed {record['seed']}; rename it")
-        records.append(record)
-    return records
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise RecordError(f"ablation record {str(path)!r} is not valid JSON ({type(error).__name__}: {error}); remove it (or "
+                          f"run with --overwrite) to run it again") from None
+    return check_record(record, path)
+
+
+def read_records(folder: Path) -> list[dict]:
+    """Every record in folder, checked (read_record)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RecordError(f"--summary {str(folder)!r} is not a folder of ablation records")
+    return [read_record(path) for path in sorted(folder.glob("*-seed*.json"))]
+
+
+def differs_from_sweep(record: dict, args: argparse.Namespace) -> str | None:
+    """What makes a record another sweep's (its preset, settings, data, length or decoding sweep), or None."""
+    overrides = merge(json.loads(args.overrides), VARIANTS[record["variant"]][1])
+    asked = {"preset": args.preset, "overrides": overrides, "train_limit": args.train_limit,
+             "epochs_asked": args.epochs}
+    for key, value in asked.items():
+        if record[key] != value:
+            return f"{key} {record[key]!r} where this sweep has {value!r}"
+    if not record["diverged"]:
+        alphas = sorted({row["alpha"] for row in record["decodes"] if row["split"] == "validation"
+                         and row["beam_size"] > 1})
+        if alphas != sorted(set(args.alpha)) or record["chosen"]["beam_size"] != args.beam:
+            return (f"a decoding sweep of beam {record['chosen']['beam_size']} and alpha {alphas} where this sweep "
+                    f"has beam {args.beam} and alpha {sorted(set(args.alpha))}")
+    return None
 
 
 def summary_table(records: list[dict]):
@@ -247,22 +387,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the records (one JSON file per run)")
     parser.add_argument("--summary", type=Path, metavar="DIR", help="print the table of the records in DIR and stop")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--preset", default="multi30k", help="default: %(default)s")
+    parser.add_argument("--seeds", type=_count_argument(0), nargs="+", default=[0, 1])
+    parser.add_argument("--preset", default="multi30k", choices=sorted(PRESETS), help="default: %(default)s")
     parser.add_argument("--overrides", default="{}", help="JSON settings laid under every variant (quick trials)")
-    parser.add_argument("--train-limit", type=int, help="only the first N training pairs (quick trials)")
-    parser.add_argument("--epochs", type=int, help="train this many epochs instead of the preset's (quick trials)")
-    parser.add_argument("--beam", type=int, default=4, help="default: %(default)s")
-    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2],
+    parser.add_argument("--train-limit", type=_count_argument(1), help="only the first N training pairs (quick trials)")
+    parser.add_argument("--epochs", type=_count_argument(1), help="train this many epochs instead of the preset's")
+    parser.add_argument("--beam", type=_count_argument(1, MAX_BEAM), default=4, help="default: %(default)s")
+    parser.add_argument("--alpha", type=_alpha_argument, nargs="+", default=[0.6, 0.8, 1.0, 1.2],
                         help="default: %(default)s, chapter 8's")
-    parser.add_argument("--max-len", type=int, help="at most this many tokens per translation (quick trials)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: %(default)s)")
-    parser.add_argument("--stop-after", type=float, help="start no run after this many minutes")
+    parser.add_argument("--max-len", type=_count_argument(1), help="at most this many tokens per translation")
+    parser.add_argument("--jobs", type=_count_argument(1), default=1, help="runs trained at once (default: %(default)s)")
+    parser.add_argument("--stop-after", type=_minutes_argument, help="start no run after this many minutes")
     parser.add_argument("--overwrite", action="store_true", help="run again the runs that have a record")
     parser.add_argument("--work", help="folder for the runs' temporary folders (default: the system's)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one run, in a process of its own
-    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=_count_argument(0), help=argparse.SUPPRESS)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)
+    try:
+        return _main(args, parser, argv)
+    except (ValueError, OSError) as error:  # a bad record, bad settings, a file that cannot be written: one line
+        if args.debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     if args.summary is not None:
         import pandas as pd
 
@@ -271,17 +422,33 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("give --out (a folder for the records), or --summary DIR")
-    if args.jobs < 1 or args.beam < 1 or (args.epochs is not None and args.epochs < 1):
-        parser.error("--jobs, --beam and --epochs must be positive")
-    json.loads(args.overrides)  # a typo stops here, not in every run
+    try:
+        overrides = json.loads(args.overrides)
+    except json.JSONDecodeError as error:
+        parser.error(f"--overrides is not JSON ({error.msg} at column {error.colno}): {args.overrides!r}")
+    if not isinstance(overrides, dict):
+        parser.error(f'--overrides must be a JSON object like {{"training": {{"epochs": 2}}}}, got {args.overrides!r}')
+    for variant in args.variants:  # every run's settings checked before the first trains: a typo stops here
+        resolve_settings(args.preset, merge(overrides, VARIANTS[variant][1]))
+    if args.out.is_symlink() or (args.out.exists() and not args.out.is_dir()):
+        parser.error(f"--out {str(args.out)!r} is a link or a file; give a folder for the records")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.variant is not None:
         record = run_one(args)
         print(f"{args.variant} seed {args.seed}: " + ("diverged" if record["diverged"] else
               f"{record['steps']} steps, {record['minutes']:.1f} min, test BLEU {record['test']['bleu']:.2f}"))
         return 0
-    todo = [(v, s) for s in args.seeds for v in args.variants
-            if args.overwrite or not record_path(args.out, v, s).exists()]
+    todo = []
+    for seed in dict.fromkeys(args.seeds):
+        for variant in dict.fromkeys(args.variants):
+            path = record_path(args.out, variant, seed)
+            if args.overwrite or not (path.exists() or path.is_symlink()):
+                todo.append((variant, seed))
+                continue
+            other = differs_from_sweep(read_record(path), args)  # a corrupt record stops the sweep, named
+            if other is not None:
+                raise RecordError(f"ablation record {str(path)!r} is of another sweep: {other}; give another --out, "
+                                  f"or --overwrite to run it again with this sweep's settings")
     print(f"{len(todo)} runs to do, {args.jobs} at a time; records in {args.out}", flush=True)
     started, running, failed = time.perf_counter(), [], []
     (args.out / "logs").mkdir(exist_ok=True)

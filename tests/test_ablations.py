@@ -111,3 +111,49 @@ def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ablations.main([])
     assert "give --out" in capsys.readouterr().err
+
+
+def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_one_line(tmp_path, monkeypatch,
+                                                                                         capsys):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data", rows=120)))
+    out = tmp_path / "records"
+    quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(MEASURED), "--epochs", "1",
+             "--max-len", "8", "--alpha", "1.0", "--seeds", "0", "--variants", "baseline"]
+    assert ablations.main(quick) == 0
+    path = ablations.record_path(out, "baseline", 0)
+    good = json.loads(path.read_text(encoding="utf-8"))
+    capsys.readouterr()
+
+    def refused(argv: list[str], *expected: str) -> None:
+        assert ablations.main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+        assert all(part in err for part in expected), err
+
+    # a sweep of another length (a quick trial's records in the sweep's folder) is not taken for a finished run
+    refused([*quick[:7], "2", *quick[8:]], str(path), "epochs_asked 1 where this sweep has 2")
+    damaged = {
+        "is not valid JSON": lambda: path.write_text('{"variant": "baseline", ', encoding="utf-8"),
+        "lacks": lambda: path.write_text(json.dumps({k: v for k, v in good.items() if k != "test"}), encoding="utf-8"),
+        "a run cut short": lambda: path.write_text(json.dumps({**good, "curve": good["curve"] + good["curve"]}),
+                                                   encoding="utf-8"),
+        "minutes up to a year": lambda: path.write_text(json.dumps({**good, "minutes": 1e308}), encoding="utf-8"),
+        "not a number from 0 to 100": lambda: path.write_text(json.dumps({**good, "test_greedy_final": 101}),
+                                                              encoding="utf-8"),
+    }
+    for expected, damage in damaged.items():
+        damage()
+        refused(["--summary", str(out)], str(path), expected)  # the table, too, stops at it in one line
+        refused(quick, str(path), expected)  # and the sweep neither counts it as done nor runs over it
+    path.write_text(json.dumps({**good, "test_greedy_final": 100.00000000000004}), encoding="utf-8")
+    assert ablations.main(["--summary", str(out)]) == 0  # sacreBLEU's own rounding of a perfect score is a score
+
+
+@pytest.mark.parametrize("argument, value", [("--train-limit", "-1000"), ("--epochs", "0"), ("--beam", "33"),
+                                             ("--alpha", "nan"), ("--seeds", "-1"), ("--jobs", "0"),
+                                             ("--stop-after", "inf"), ("--preset", "huge")])
+def test_a_bad_argument_is_refused_naming_it(capsys, argument, value):
+    with pytest.raises(SystemExit) as stop:
+        ablations.main(["--out", "unused", argument, value])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"argument {argument}" in err and value in err, err

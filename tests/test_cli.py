@@ -343,9 +343,11 @@ def fake_run(tmp_path, config_change=None, weights_config=None, extra=None) -> P
     model = tl.Transformer(tl.TransformerConfig(**{**config, **(weights_config or {})}))
     run = tmp_path / "run"
     run.mkdir()
-    torch.save({"config": {**config, **(config_change or {})}, "model": model.state_dict(), "optimizer": {},
-                "scheduler": {}, "scaler": None, "state": {}, "rng": {},
-                "extra": {"tokenizer": tokenizer.to_str()} if extra is None else extra}, run / "checkpoint.pt")
+    checkpoint = {"config": {**config, **(config_change or {})}, "model": model.state_dict(), "optimizer": {},
+                  "scheduler": {}, "scaler": None, "state": {}, "rng": {},
+                  "extra": {"tokenizer": tokenizer.to_str()} if extra is None else extra}
+    checkpoint["checksum"] = tl.runs.weights_checksum(checkpoint)  # intact: the checks after the checksum are tested
+    torch.save(checkpoint, run / "checkpoint.pt")
     return run
 
 

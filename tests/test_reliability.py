@@ -251,7 +251,8 @@ def test_a_checkpoint_whose_weights_or_config_changed_since_it_was_written_is_re
     checkpoint = checksummed()
     runs.check_checkpoint(checkpoint, path, ("config", "model"))  # intact
     checkpoint["config"]["n_heads"] = 8  # edited from 4 to 8 heads
-    with pytest.raises(runs.CheckpointError, match="weights or config changed since the file was written") as error:
+    with pytest.raises(runs.CheckpointError, match="weights, config or training state changed since the file was "
+                                                   "written") as error:
         runs.check_checkpoint(checkpoint, path, ("config", "model"))
     assert str(path) in str(error.value) and "\n" not in str(error.value)
     checkpoint = checksummed()
@@ -260,8 +261,34 @@ def test_a_checkpoint_whose_weights_or_config_changed_since_it_was_written_is_re
     checkpoint["model"][name][3] += 1e-6  # flipped bits in one weight
     with pytest.raises(runs.CheckpointError, match="changed since"):
         runs.check_checkpoint(checkpoint, path, ("config", "model"))
-    del checkpoint["checksum"]  # files written before checksums: loaded as before
-    runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    del checkpoint["checksum"]  # save_checkpoint always writes one: a file without is not its
+    with pytest.raises(runs.CheckpointError, match="it has no checksum, which save_checkpoint always writes"):
+        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+
+
+def test_a_flipped_byte_in_the_optimizer_state_or_the_run_record_is_refused_on_load(tmp_path):
+    """The checksum covers what a resumed run continues from, not only the weights: a flipped bit in Adam's second
+    moment would resume into weights of 1e12, one in the run record or its tokenizer would change a translation."""
+    path = tmp_path / "checkpoint.pt"
+    model, optimizer, scheduler = fresh()
+    train(model, copy_batches, optimizer, scheduler, max_steps=3, progress=False, checkpoint_path=path,
+          checkpoint_extra={"run": {"seed": 0}, "tokenizer": "{}"})
+    load_checkpoint(path)  # intact
+    saved = torch.load(path, weights_only=True)
+    damaged = {
+        "Adam's second moment": lambda c: c["optimizer"]["state"][0]["exp_avg_sq"].view(-1)[:1].add_(1e12),
+        "the learning rate": lambda c: c["optimizer"]["param_groups"][0].update(lr=1.0),
+        "the step": lambda c: c["state"].update(step=c["state"]["step"] + 1),
+        "the run record": lambda c: c["extra"]["run"].update(seed=1),
+        "the random state": lambda c: c["rng"]["torch"].view(-1)[:1].add_(1),
+    }
+    for what, damage in damaged.items():
+        checkpoint = torch.load(path, weights_only=True)
+        damage(checkpoint)
+        torch.save(checkpoint, tmp_path / "damaged.pt")
+        with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+            load_checkpoint(tmp_path / "damaged.pt")
+        assert runs.weights_checksum(checkpoint) != saved["checksum"], what
 
 
 # ---- a diverged run stops ----

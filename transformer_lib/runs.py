@@ -596,9 +596,12 @@ def check_checkpoint(checkpoint: Any, path: str | Path, keys: tuple[str, ...]) -
     if missing:
         raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it lacks {', '.join(map(repr, missing))}; "
                               f"use a file written by save_checkpoint")
-    if "checksum" in checkpoint and checkpoint["checksum"] != _checksum_or_none(checkpoint):  # older files lack one
-        raise CheckpointError(f"{path} fails its checksum: its weights or config changed since the file was written "
-                              f"(damaged on disk, or edited); use another copy or train again")
+    if "checksum" not in checkpoint:
+        raise CheckpointError(f"{path} is not a transformer_lib checkpoint: it has no checksum, which save_checkpoint "
+                              f"always writes; use a file written by save_checkpoint")
+    if checkpoint["checksum"] != _checksum_or_none(checkpoint):
+        raise CheckpointError(f"{path} fails its checksum: its weights, config or training state changed since the "
+                              f"file was written (damaged on disk, or edited); use another copy or train again")
     return checkpoint
 
 
@@ -631,17 +634,38 @@ def read_run_record(path: str | Path) -> dict:
 
 
 def weights_checksum(checkpoint: dict) -> str:
-    """sha256 of checkpoint["config"] and of every tensor of checkpoint["model"]: name, dtype, shape and bytes.
+    """sha256 of everything a checkpoint holds but its "checksum": the config, every tensor of the weights, and
+    (where the file has them) the optimizer's moments, the schedule, the GradScaler, the training state, the random
+    states and the run record with its tokenizer.
 
-    Deterministic (names in sorted order, the config as sorted JSON, the bytes read on the CPU), so a file's weights
-    can be checked against the sum save_checkpoint stored beside them: a flipped bit or an edited config shows.
+    Deterministic (dict keys in sorted order, each tensor's name, dtype, shape and raw bytes read on the CPU, plain
+    values as JSON), so a file can be checked against the sum stored beside its contents: a flipped bit anywhere
+    that would change a resumed run or a translation shows, not only one in the weights.
     """
-    digest = hashlib.sha256(json.dumps(checkpoint["config"], sort_keys=True, default=repr).encode("utf-8"))
-    for name in sorted(checkpoint["model"]):
-        tensor = checkpoint["model"][name].detach().cpu().contiguous()
+    digest = hashlib.sha256()
+    _digest(digest, "config", checkpoint["config"])  # a file without config or weights is not a checkpoint
+    _digest(digest, "model", checkpoint["model"])
+    for key in sorted(set(checkpoint) - {"config", "model", "checksum"}, key=repr):
+        _digest(digest, repr(key), checkpoint[key])
+    return digest.hexdigest()
+
+
+def _digest(digest: Any, name: str, value: Any) -> None:
+    """Feed value, under its name, to digest: tensors by dtype, shape and bytes, containers item by item."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
         digest.update(f"\n{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode("utf-8"))
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bytes, whatever the dtype
-    return digest.hexdigest()
+    elif isinstance(value, dict):
+        digest.update(f"\n{name} dict {len(value)}".encode("utf-8"))
+        for key in sorted(value, key=repr):
+            _digest(digest, f"{name}.{key!r}", value[key])
+    elif isinstance(value, (list, tuple)):  # pickling may turn one into the other: the same sum for both
+        digest.update(f"\n{name} list {len(value)}".encode("utf-8"))
+        for index, item in enumerate(value):
+            _digest(digest, f"{name}[{index}]", item)
+    else:
+        digest.update(f"\n{name} {json.dumps(value, sort_keys=True, default=repr)}".encode("utf-8"))
 
 
 def _checksum_or_none(checkpoint: dict) -> str | None:
