@@ -70,9 +70,11 @@ def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(
         (dict(test={"bleu": 30.0, "chrf": 50.0}), "test lacks bleu_signature, chrf_signature"),
         (dict(validation=[30.0]), "validation must be a dict of scores"),
         (dict(test={**TEST, "bleu": "37"}), "test: bleu must be a number from 0 to 100, got '37'"),
-        (dict(steps=True), "steps must be a positive integer"),
-        (dict(steps=0), "steps must be a positive integer"),
-        (dict(training_minutes=float("nan")), "training_minutes must be a number > 0"),
+        (dict(steps=True), "steps must be an integer from 1 to 1e+10"),
+        (dict(steps=0), "steps must be an integer from 1 to 1e+10"),
+        (dict(steps=10**11), "steps must be an integer from 1 to 1e+10"),
+        (dict(training_minutes=float("nan")), "training_minutes must be a number of minutes above 0 and at most a year"),
+        (dict(training_minutes=1e308), "training_minutes must be a number of minutes above 0 and at most a year"),
         (dict(device="gpu"), "device must be 'cpu' or 'cuda' (where the run trained), got 'gpu'"),
         (dict(preset="../x"), "preset must be a preset's name"),
         (dict(decoding={"beam_size": 4, "alpha": 1.0}), "decoding must hold exactly beam_size, alpha, average_last; "
@@ -87,6 +89,23 @@ def test_bad_arguments_are_refused_in_one_line(change, message):
     with pytest.raises(ValueError) as error:
         record(**change)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_record_is_read_back_only_with_facts_a_machine_could_have_made(tmp_path):
+    folder = tmp_path / "scoreboard"
+    path = write_scoreboard(record(), folder)
+    made = json.loads(path.read_text(encoding="utf-8"))
+    for change, message in [({"cores": 10**9}, "cores must be an integer from 1 to 65536"),
+                            ({"training_minutes": 1e308}, "at most a year"),
+                            ({"date": "yesterday"}, "date must be the ISO date"),
+                            ({"torch": ""}, "torch must be a non-empty string"),
+                            ({"test": {**made["test"], "bleu": 100.1}}, "bleu must be a number from 0 to 100")]:
+        path.write_text(json.dumps({**made, **change}), encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            read_scoreboard(folder)
+    perfect = {**made["test"], "bleu": 100.00000000000004}  # what sacreBLEU returns for a perfect translation
+    path.write_text(json.dumps({**made, "test": perfect}), encoding="utf-8")
+    assert read_scoreboard(folder)[0]["test"]["bleu"] == perfect["bleu"]
 
 
 def test_a_malformed_or_misnamed_scoreboard_file_is_named(tmp_path):
@@ -305,6 +324,7 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
     checkpoint["scaler"] = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
                             "_growth_tracker": 0}  # what GradScaler.state_dict() holds
+    checkpoint["checksum"] = runs.weights_checksum(checkpoint)  # as save_checkpoint would have written it
     torch.save(checkpoint, run / "checkpoint.pt")
     result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
     assert result.returncode == 0, result.stderr

@@ -40,7 +40,7 @@ from transformer_lib.runs import (
     write_decoding,
 )
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
-from transformer_lib.scoreboard import scoreboard_record, write_scoreboard
+from transformer_lib.scoreboard import check_scoreboard_folder, run_facts, scoreboard_record, write_scoreboard
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
@@ -551,65 +551,15 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
 
 def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
     """What evaluate --scoreboard records besides the test scores, checked before any sentence is translated."""
-    folder = args.scoreboard
-    if folder.is_symlink():
-        raise ValueError(f"--scoreboard {str(folder)!r} is a symbolic link; it is never written through: give the path "
-                         f"of a real folder")
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"--scoreboard {str(folder)!r} is a file; give a folder for the records")
+    check_scoreboard_folder(args.scoreboard, "--scoreboard")
     checkpoint = _checkpoint_file(args.checkpoint)
     decoding, where, record = _decoding_source(args.checkpoint)
     if where.startswith("the defaults"):
         raise ValueError(f"--scoreboard records the decoding chosen on the validation split, and {checkpoint.parent} "
                          f"has no {DECODING_FILE} and its settings no decoding part; choose it first: python -m "
                          f"transformer_lib choose --checkpoint {checkpoint.parent}")
-    history = checkpoint.parent / "history.json"
-    if not history.is_file():
-        raise FileNotFoundError(f"--scoreboard takes the training minutes from {history}, which does not exist; "
-                                f"it is written when `train` ends")
-    try:
-        epochs = json.loads(read_text(history, "history file")).get("epochs")
-    except (json.JSONDecodeError, RecursionError, AttributeError):
-        raise ValueError(f"history file {str(history)!r} is not the JSON object `train` writes; train again or "
-                         f"restore it") from None
-    last = epochs[-1] if isinstance(epochs, list) and epochs else None
-    minutes = last.get("minutes") if isinstance(last, dict) else None
-    if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not minutes > 0:
-        raise ValueError(f"--scoreboard takes the training minutes from the last epoch record of {history}, which "
-                         f"has none (got {minutes!r}); a run records them at the end of each epoch it validates")
-    locations = set()  # where the checkpoint's tensors were saved from: 'cpu', and 'cuda:0' for a run on a GPU
-
-    def location(storage, where):
-        locations.add(where)
-        return storage
-
-    with checkpoint_errors(checkpoint):
-        saved = torch.load(checkpoint, map_location=location, weights_only=True, mmap=True)
-    steps = saved.get("state", {}).get("step") if isinstance(saved.get("state"), dict) else None
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"{checkpoint} records no training step (state['step'] is {steps!r}); --scoreboard needs a "
-                         f"checkpoint written by `train`")
-    kinds = {place.split(":")[0] for place in locations} - {"cpu"}
-    if len(kinds) > 1 or kinds - {"cuda"}:
-        raise ValueError(f"{checkpoint} was saved from {', '.join(sorted(locations))}; the scoreboard records runs "
-                         f"trained on 'cpu' or 'cuda'")
-    device = "cuda" if kinds else "cpu"
-    precision = "fp16" if saved.get("scaler") is not None else None  # a GradScaler trains only float16 autocast
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{checkpoint} was trained on a GPU and this machine has none for the record to name; run "
-                         f"evaluate --scoreboard on the machine that trained it")
-    notes = []
-    if (run["corpus"], run["src_lang"], run["tgt_lang"]) != ("multi30k", "de", "en"):
-        notes.append(f"corpus {run['corpus']} {run['src_lang']}-{run['tgt_lang']}")
-    if run["corpus_config"] is not None:
-        notes.append(f"corpus config {run['corpus_config']}")
-    if run["overrides"]:
-        notes.append(f"settings overridden: {json.dumps(run['overrides'], sort_keys=True)}")
-    if run["train_limit"] is not None:
-        notes.append(f"trained on the first {run['train_limit']} pairs only")
-    return {"device": device, "precision": precision, "training_minutes": float(minutes), "steps": steps,
-            "decoding": decoding,
-            "validation": record.get("validation") if record else None, "notes": "; ".join(notes) or None}
+    return {**run_facts(checkpoint, run), "decoding": decoding,
+            "validation": record.get("validation") if record else None}
 
 
 def _weights_label(average_last: int) -> str:

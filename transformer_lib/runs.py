@@ -142,16 +142,39 @@ def write_json(path: str | Path, value: Any) -> None:
 # ---- settings ----
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def is_count(value: Any, least: int = 1) -> bool:
+    """An integer (not a bool) of at least least."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _non_negative_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+SCORE_ROUNDING = 1e-9  # sacreBLEU's arithmetic may give a perfect score as 100.00000000000004
+MAX_MINUTES = 60 * 24 * 365  # no run of this book trains for more than a year: more is a damaged or made-up record
+
+
+def is_score(value: Any) -> bool:
+    """A BLEU or chrF score: a number from 0 to 100 (and sacreBLEU's rounding above a perfect 100)."""
+    return is_number(value) and 0 <= value <= 100 + SCORE_ROUNDING
+
+
+def is_minutes(value: Any) -> bool:
+    """A duration of a run in minutes: more than 0, at most MAX_MINUTES."""
+    return is_number(value) and 0 < value <= MAX_MINUTES
+
+
+CHOSEN_ON = "validation"  # the only split on which a decoding (or anything else) is chosen; test only reports
+
+
+def check_chosen_on(chosen_on: Any, what: str = "chosen_on") -> str:
+    """CHOSEN_ON itself, or one line saying that choices are made on the validation split."""
+    if chosen_on != CHOSEN_ON:
+        raise ValueError(f"{what} must be {CHOSEN_ON!r}, got {chosen_on!r}: decoding settings are chosen on the "
+                         f"validation split, never on the test split they are reported on")
+    return chosen_on
 
 
 MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
@@ -159,12 +182,12 @@ MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam s
 RULES: dict[str, dict[str, tuple]] = {
     # part -> key -> (test, what is allowed)
     "model": {
-        "d_model": (_positive_int, "a positive integer"),
-        "n_heads": (_positive_int, "a positive integer that divides d_model"),
-        "n_layers": (_positive_int, "a positive integer"),
-        "d_ff": (_positive_int, "a positive integer"),
-        "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
-        "max_len": (lambda v: _positive_int(v) and v >= 3, "an integer >= 3 (<bos>, a token, <eos>)"),
+        "d_model": (is_count, "a positive integer"),
+        "n_heads": (is_count, "a positive integer that divides d_model"),
+        "n_layers": (is_count, "a positive integer"),
+        "d_ff": (is_count, "a positive integer"),
+        "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        "max_len": (lambda v: is_count(v) and v >= 3, "an integer >= 3 (<bos>, a token, <eos>)"),
         "norm_first": (lambda v: isinstance(v, bool), "true or false"),
         "positional": (lambda v: v in ("sinusoidal", "learned"), "'sinusoidal' or 'learned'"),
         "tie_embeddings": (lambda v: isinstance(v, bool), "true or false"),
@@ -172,21 +195,21 @@ RULES: dict[str, dict[str, tuple]] = {
         "scale_embeddings": (lambda v: isinstance(v, bool), "true or false"),
     },
     "training": {
-        "vocab_size": (lambda v: _positive_int(v) and v >= 5, "an integer >= 5 (4 special tokens and a word)"),
-        "max_tokens": (_positive_int, "a positive integer, at least model.max_len"),
-        "warmup": (_positive_int, "a positive integer (steps)"),
-        "lr_factor": (lambda v: _number(v) and v > 0, "a number > 0"),
-        "epochs": (_positive_int, "a positive integer"),
-        "label_smoothing": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
-        "checkpoint_every": (_positive_int, "a positive integer (steps between checkpoints)"),
-        "bleu_every": (_non_negative_int, "an integer >= 0 (epochs between BLEU scores; 0 for never)"),
+        "vocab_size": (lambda v: is_count(v) and v >= 5, "an integer >= 5 (4 special tokens and a word)"),
+        "max_tokens": (is_count, "a positive integer, at least model.max_len"),
+        "warmup": (is_count, "a positive integer (steps)"),
+        "lr_factor": (lambda v: is_number(v) and v > 0, "a number > 0"),
+        "epochs": (is_count, "a positive integer"),
+        "label_smoothing": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        "checkpoint_every": (is_count, "a positive integer (steps between checkpoints)"),
+        "bleu_every": (lambda v: is_count(v, 0), "an integer >= 0 (epochs between BLEU scores; 0 for never)"),
         "tokenizer": (lambda v: v in ("bpe", "word"), "'bpe' or 'word'"),
-        "keep_checkpoints": (_positive_int, "a positive integer (epochs whose weights are kept for averaging)"),
+        "keep_checkpoints": (is_count, "a positive integer (epochs whose weights are kept for averaging)"),
     },
     "decoding": {  # also what check_decoding applies to decoding.json
-        "beam_size": (lambda v: _positive_int(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
-        "alpha": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
-        "average_last": (_positive_int, "a positive integer (epochs averaged; 1 for the final weights)"),
+        "beam_size": (lambda v: is_count(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
+        "alpha": (lambda v: is_number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
+        "average_last": (is_count, "a positive integer (epochs averaged; 1 for the final weights)"),
     },
 }
 
@@ -245,7 +268,7 @@ def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
             test, allowed = RULES.get(part, {}).get(key, (None, None))
             if test is None and defaults is not None and key in defaults.get(part, {}):
                 default = defaults[part][key]  # a setting without a rule: keep the type of its default
-                test = lambda v, d=default: type(v) is type(d) or (_number(v) and _number(d) and type(d) is float)
+                test = lambda v, d=default: type(v) is type(d) or (is_number(v) and is_number(d) and type(d) is float)
                 allowed = f"a {type(default).__name__} like its default {default!r}"
             if test is not None and not test(value):
                 raise ValueError(f"setting {part}.{key} must be {allowed}, got {value!r}")
@@ -409,7 +432,7 @@ def check_scores(scores: Any, what: str) -> dict:
     if missing:
         raise ValueError(f"{what} lacks {', '.join(missing)}; expected the dict corpus_scores returns")
     for key in ("bleu", "chrf"):
-        if not (_number(scores[key]) and 0 <= scores[key] <= 100):
+        if not is_score(scores[key]):
             raise ValueError(f"{what}: {key} must be a number from 0 to 100, got {scores[key]!r}")
     for key in ("bleu_signature", "chrf_signature"):
         if not (isinstance(scores[key], str) and scores[key]):
@@ -428,10 +451,7 @@ def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, va
         raise NotADirectoryError(f"run_folder {str(folder)!r} is not a folder; give the run folder that holds "
                                  f"checkpoint.pt")
     record = check_decoding(decoding)
-    if chosen_on != "validation":
-        raise ValueError(f"chosen_on must be 'validation', got {chosen_on!r}: decoding settings are chosen on the "
-                         f"validation split, never on the test split they are reported on")
-    record["chosen_on"] = chosen_on
+    record["chosen_on"] = check_chosen_on(chosen_on)
     record["date"] = datetime.date.today().isoformat()
     if validation is not None:
         record["validation"] = check_scores(validation, "validation")
@@ -466,9 +486,7 @@ def read_decoding(run_folder: str | Path) -> dict | None:
     if extra:
         raise ValueError(f"{where} holds {', '.join(extra)}, which decoding.json never holds; write it again with "
                          f"write_decoding")
-    if record.get("chosen_on") != "validation":
-        raise ValueError(f"{where}: chosen_on must be 'validation', got {record.get('chosen_on')!r}; decoding "
-                         f"settings are chosen on the validation split")
+    check_chosen_on(record.get("chosen_on"), f"{where}: chosen_on")
     if not isinstance(record.get("date"), str):
         raise ValueError(f"{where}: date must be an ISO date string, got {record.get('date')!r}")
     result = {**decoding, "chosen_on": record["chosen_on"], "date": record["date"]}

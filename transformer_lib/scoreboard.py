@@ -22,7 +22,19 @@ from typing import Any
 import torch
 
 from transformer_lib._version import __version__
-from transformer_lib.runs import check_decoding, check_scores, read_json, read_text, write_json
+from transformer_lib.runs import (
+    MAX_MINUTES,
+    check_chosen_on,
+    check_decoding,
+    check_scores,
+    checkpoint_errors,
+    is_count,
+    is_minutes,
+    is_score,
+    read_json,
+    read_text,
+    write_json,
+)
 from transformer_lib.runtime import cpu_name
 
 DEVICES = ("cpu", "cuda")
@@ -51,12 +63,8 @@ COLUMNS = ("system", "device", "device name", "training minutes", "steps", "deco
            "test chrF", "BP", "length ratio", "lower-cased tokenized test BLEU", "metric", "date", "reference")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+MAX_CORES = 65536  # more than any one machine has: a larger count is a damaged record
+MAX_STEPS = 10**10  # a year of a thousand steps a second is 3 * 10**10: more is a damaged record
 
 
 def _check_preset(preset: Any) -> str:
@@ -80,22 +88,17 @@ def _check_precision(precision: Any) -> str | None:
     return precision
 
 
-def _check_chosen_on(chosen_on: Any) -> str:
-    if chosen_on != "validation":
-        raise ValueError(f"chosen_on must be 'validation', got {chosen_on!r}: decoding settings are chosen on the "
-                         f"validation split, never on the test split they are reported on")
-    return chosen_on
-
-
 def _check_fields(*, preset, device, training_minutes, steps, validation, test, decoding, chosen_on,
                   test_lowercase_tokenized_bleu, code_hash, notes) -> dict:
     """The caller's part of a record, checked; one line naming the argument, the value and what was expected."""
-    if not _is_number(training_minutes) or training_minutes <= 0:
-        raise ValueError(f"training_minutes must be a number > 0 (the run's training time), got {training_minutes!r}")
-    if not _is_int(steps) or steps < 1:
-        raise ValueError(f"steps must be a positive integer (the run's optimizer steps), got {steps!r}")
+    if not is_minutes(training_minutes):
+        raise ValueError(f"training_minutes must be a number of minutes above 0 and at most a year ({MAX_MINUTES}), "
+                         f"the run's training time; got {training_minutes!r}")
+    if not (is_count(steps) and steps <= MAX_STEPS):
+        raise ValueError(f"steps must be an integer from 1 to {MAX_STEPS:.0e} (the run's optimizer steps), got "
+                         f"{steps!r}")
     low = test_lowercase_tokenized_bleu
-    if low is not None and not (_is_number(low) and 0 <= low <= 100):
+    if low is not None and not is_score(low):
         raise ValueError(f"test_lowercase_tokenized_bleu must be a number from 0 to 100 or None, got {low!r}")
     for name, value in (("code_hash", code_hash), ("notes", notes)):
         if value is not None and not isinstance(value, str):
@@ -103,7 +106,7 @@ def _check_fields(*, preset, device, training_minutes, steps, validation, test, 
     return {
         "preset": _check_preset(preset), "device": _check_device(device),
         "training_minutes": float(training_minutes), "steps": steps,
-        "decoding": check_decoding(decoding), "chosen_on": _check_chosen_on(chosen_on),
+        "decoding": check_decoding(decoding), "chosen_on": check_chosen_on(chosen_on),
         "validation": None if validation is None else check_scores(validation, "validation"),
         "test": check_scores(test, "test"), "test_lowercase_tokenized_bleu": low, "code_hash": code_hash,
         "notes": notes,
@@ -169,10 +172,17 @@ def check_record(record: Any, what: str = "record") -> dict:
         except ValueError as error:
             raise ValueError(f"{what}: {error}") from None
     for key in ("device_name", "torch", "transformer_lib", "date"):
-        if not isinstance(record[key], str) or not record[key]:
-            raise ValueError(f"{what}: {key} must be a non-empty string, got {record[key]!r}")
-    if record["cores"] is not None and not (_is_int(record["cores"]) and record["cores"] >= 1):
-        raise ValueError(f"{what}: cores must be a positive integer or None, got {record['cores']!r}")
+        if not isinstance(record[key], str) or not 0 < len(record[key]) <= 200:
+            raise ValueError(f"{what}: {key} must be a non-empty string of at most 200 characters, got "
+                             f"{record[key]!r:.80}")
+    try:
+        day = datetime.date.fromisoformat(record["date"])
+    except ValueError:
+        day = None
+    if day is None:
+        raise ValueError(f"{what}: date must be the ISO date (YYYY-MM-DD) the record was made, got {record['date']!r}")
+    if record["cores"] is not None and not (is_count(record["cores"]) and record["cores"] <= MAX_CORES):
+        raise ValueError(f"{what}: cores must be an integer from 1 to {MAX_CORES} or None, got {record['cores']!r}")
     return record
 
 
@@ -183,6 +193,70 @@ def scoreboard_path(record: dict, folder: str | Path) -> Path:
     return Path(folder) / f"{record['preset']}-{record['device']}{precision}.json"
 
 
+def check_scoreboard_folder(folder: str | Path, what: str = "scoreboard folder") -> Path:
+    """folder as a Path, when records may be written there (a folder, or none yet); never a link or a file."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise ValueError(f"{what} {str(folder)!r} is a symbolic link (to {os.readlink(folder)!r}); it is never written "
+                         f"through: give the path of a real folder")
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{what} {str(folder)!r} is a file; give a folder for the records")
+    return folder
+
+
+def run_facts(checkpoint: str | Path, run: dict) -> dict:
+    """What a record says of the run in checkpoint (its folder's checkpoint.pt, written by train_translator), besides
+    its decoding and scores: device ('cpu' or 'cuda', where its tensors were saved from), precision ('fp16' for a
+    GradScaler's run, else None), training_minutes (the last epoch record of history.json), steps (the checkpoint's)
+    and notes (what sets it apart from the preset's plain run: another corpus, overridden settings, less data).
+
+    run is the checkpoint's run record (runs.read_run_record(...)["run"]). One line for whatever is missing or wrong.
+    """
+    checkpoint = Path(checkpoint)
+    history = checkpoint.parent / "history.json"
+    if not history.is_file():
+        raise FileNotFoundError(f"the scoreboard takes the training minutes from {history}, which does not exist; it "
+                                f"is written when training ends")
+    epochs = read_json(history, "history file", "train_translator")
+    epochs = epochs.get("epochs") if isinstance(epochs, dict) else None
+    last = epochs[-1] if isinstance(epochs, list) and epochs else None
+    minutes = last.get("minutes") if isinstance(last, dict) else None
+    if not is_minutes(minutes):
+        raise ValueError(f"the scoreboard takes the training minutes from the last epoch record of {history}, which "
+                         f"has none (got {minutes!r}); a run records them at the end of each epoch it validates")
+    locations = set()  # where the checkpoint's tensors were saved from: 'cpu', and 'cuda:0' for a run on a GPU
+
+    def location(storage, where):
+        locations.add(where)
+        return storage
+
+    with checkpoint_errors(checkpoint):
+        saved = torch.load(checkpoint, map_location=location, weights_only=True, mmap=True)
+    steps = saved.get("state", {}).get("step") if isinstance(saved.get("state"), dict) else None
+    if not is_count(steps):
+        raise ValueError(f"{checkpoint} records no training step (state['step'] is {steps!r}); the scoreboard needs a "
+                         f"checkpoint written by train_translator")
+    kinds = {place.split(":")[0] for place in locations} - {"cpu"}
+    if len(kinds) > 1 or kinds - {"cuda"}:
+        raise ValueError(f"{checkpoint} was saved from {', '.join(sorted(locations))}; the scoreboard records runs "
+                         f"trained on 'cpu' or 'cuda'")
+    device = "cuda" if kinds else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{checkpoint} was trained on a GPU and this machine has none for the record to name; make "
+                         f"the record on the machine that trained it")
+    notes = []
+    if (run["corpus"], run["src_lang"], run["tgt_lang"]) != ("multi30k", "de", "en"):
+        notes.append(f"corpus {run['corpus']} {run['src_lang']}-{run['tgt_lang']}")
+    if run["corpus_config"] is not None:
+        notes.append(f"corpus config {run['corpus_config']}")
+    if run["overrides"]:
+        notes.append(f"settings overridden: {json.dumps(run['overrides'], sort_keys=True)}")
+    if run["train_limit"] is not None:
+        notes.append(f"trained on the first {run['train_limit']} pairs only")
+    return {"device": device, "precision": "fp16" if saved.get("scaler") is not None else None,  # a GradScaler: fp16
+            "training_minutes": float(minutes), "steps": steps, "notes": "; ".join(notes) or None}
+
+
 def write_scoreboard(record: dict, folder: str | Path) -> Path:
     """Write record to scoreboard_path(record, folder) (atomic, strict JSON), creating folder; returns the path.
 
@@ -190,12 +264,7 @@ def write_scoreboard(record: dict, folder: str | Path) -> Path:
     link is refused: nothing is written through a link this module did not create.
     """
     check_record(record)
-    folder = Path(folder)
-    if folder.is_symlink():
-        raise ValueError(f"scoreboard folder {str(folder)!r} is a symbolic link (to {os.readlink(folder)!r}); it is "
-                         f"never written through: give the path of a real folder")
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"scoreboard folder {str(folder)!r} is a file; give a folder for the records")
+    folder = check_scoreboard_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = scoreboard_path(record, folder)
     write_json(path, record)  # refuses a link or a special file at path
