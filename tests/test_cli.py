@@ -279,7 +279,8 @@ def src_ref(tmp_path):
     return src, ref
 
 
-@pytest.mark.parametrize("name", ["checkpoint.pt", "tokenizer.json", "history.json"])
+@pytest.mark.parametrize("name", ["checkpoint.pt", "tokenizer.json", "history.json", "decoding.json", ".lock",
+                                  "epoch-003.pt", "epoch-1000.pt"])  # an epoch file, kept or not, would be averaged
 def test_save_hyp_never_overwrites_the_checkpoint_being_evaluated_or_its_run(tmp_path, capsys, name):
     src, ref = src_ref(tmp_path)
     run = tmp_path / "run"
@@ -405,8 +406,7 @@ def test_empty_translations_are_kept_in_place_and_named_in_a_warning(monkeypatch
 
     monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, **options: ["a dog", "", " "])
     model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
-    args = cli_module.build_parser().parse_args(["translate", "--checkpoint", "x", "--beam", "2"])
-    assert cli_module._translate(model, None, ["x", "y", "z"], args) == ["a dog", "", " "]
+    assert cli_module._translate(model, None, ["x", "y", "z"], beam=2, alpha=0.6, max_len=None) == ["a dog", "", " "]
     err = capsys.readouterr().err
     assert "warning: 2 of 3 translations are empty (sentence 2, 3)" in err and err.count("\n") == 1
 
@@ -415,9 +415,8 @@ def test_a_max_len_beyond_the_models_positions_is_one_line(capsys):
     from transformer_lib import cli as cli_module
 
     model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
-    args = cli_module.build_parser().parse_args(["translate", "--checkpoint", "x", "--max-len", "200"])
     with pytest.raises(ValueError, match=r"--max-len 200 is more than this model's positions allow: at most 127"):
-        cli_module._translate(model, None, ["x"], args)
+        cli_module._translate(model, None, ["x"], beam=4, alpha=0.6, max_len=200)
 
 
 def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(monkeypatch):

@@ -6,8 +6,6 @@ Imports are at the top: `python -m transformer_lib` imports the package, and wit
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import re
 import sys
 import traceback
@@ -44,9 +42,16 @@ from transformer_lib.scoreboard import check_scoreboard_folder, run_facts, score
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
-from transformer_lib.translation import PRESETS, epoch_weights, load_translator, train_translator, translate
+from transformer_lib.translation import (
+    DEFAULT_DECODING,
+    EPOCH_FILE,
+    PRESETS,
+    epoch_weights,
+    load_translator,
+    train_translator,
+    translate,
+)
 
-DEFAULT_DECODING = {"beam_size": 4, "alpha": 0.6, "average_last": 1}  # without decoding.json or settings["decoding"]
 CHOOSE_ALPHAS = (0.6, 0.8, 1.0, 1.2)  # the length-penalty exponents chapter 8 tries on the validation split
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
 
@@ -404,34 +409,19 @@ def _epoch_line(record: dict) -> None:
 
 
 def _validation_arguments(args: argparse.Namespace) -> dict:
-    """train_translator's valid_limit and validate, passed only when set: --valid-limit (by default --train-limit's
-    value) and --no-validation. A version of train_translator without them gets neither; an explicit flag is refused."""
-    wanted = {}
+    """train_translator's valid_limit and validate: --valid-limit (by default --train-limit's value), --no-validation."""
     if args.no_validation:
-        wanted["validate"] = False
+        return {"validate": False}
     valid_limit = args.valid_limit if args.valid_limit is not None else args.train_limit
-    if valid_limit is not None and not args.no_validation:
-        wanted["valid_limit"] = valid_limit
-    accepted = inspect.signature(train_translator).parameters
-    for name, flag in (("validate", "--no-validation"), ("valid_limit", "--valid-limit")):
-        if name in wanted and name not in accepted:
-            if name == "valid_limit" and args.valid_limit is None:  # only the default that --train-limit implies
-                print(f"note: validation scores every pair of the validation split: this version of train_translator "
-                      f"has no valid_limit for --train-limit {args.train_limit} to set", file=sys.stderr)
-                del wanted[name]
-                continue
-            raise ValueError(f"{flag} needs train_translator's {name} parameter, which this version of "
-                             f"transformer_lib lacks; drop {flag}")
-    return wanted
+    return {} if valid_limit is None else {"valid_limit": valid_limit}
 
 
 def _last_loss(history: list) -> str:
-    """The last logged mean training loss; entries are (step, mean loss) or (step, mean loss, steps averaged)."""
+    """The last logged mean training loss; entries are (step, mean loss, steps averaged)."""
     if not history:
         return "no loss logged"
-    entry = history[-1]
-    steps = f" (mean of {entry[2]} step{'s' if entry[2] != 1 else ''})" if len(entry) > 2 else ""
-    return f"last logged loss {entry[1]:.3f}{steps}"
+    step, loss, steps = history[-1]
+    return f"last logged loss {loss:.3f} (mean of {steps} step{'s' if steps != 1 else ''})"
 
 
 def _stdin_sentences() -> list[str]:
@@ -463,8 +453,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not sentences:
         raise UsageError("no sentences: give them as arguments or one per line on standard input")
     model, tokenizer = _load(args.checkpoint, args.device)
-    _choose_decoding(args)
-    translations = _translate(model, tokenizer, sentences, args)
+    translations = _translate(model, tokenizer, sentences, *_decoding(args), args.max_len)
     for line in translations:
         print(line)  # one line per sentence, empty ones included, so that lines still pair up
     return 0
@@ -491,10 +480,8 @@ def _decoding_source(checkpoint: Path) -> tuple[dict, str, dict | None]:
     return dict(DEFAULT_DECODING), where, None
 
 
-def _choose_decoding(args: argparse.Namespace) -> dict:
-    """Fill args.beam and args.alpha where not given, from the run; one note on stderr says where they came from."""
-    if getattr(args, "decoding", None) is not None:
-        return args.decoding
+def _decoding(args: argparse.Namespace) -> tuple[int, float]:
+    """The beam size and alpha to decode with: --beam and --alpha, else the run's; a note on stderr says where from."""
     source, where, _ = _decoding_source(args.checkpoint)
     beam = args.beam if args.beam is not None else source["beam_size"]
     alpha = args.alpha if args.alpha is not None else source["alpha"]
@@ -505,17 +492,15 @@ def _choose_decoding(args: argparse.Namespace) -> dict:
     elif args.beam is None or args.alpha is None:
         print(f"note: decoding with beam {beam} ({'--beam' if args.beam is not None else f'from {where}'}) and alpha "
               f"{alpha:g} ({'--alpha' if args.alpha is not None else f'from {where}'})", file=sys.stderr)
-    args.beam, args.alpha = beam, alpha
-    args.decoding = {"beam_size": beam, "alpha": alpha, "average_last": source["average_last"]}  # the weights' own
-    return args.decoding
+    return beam, alpha
 
 
-def _translate(model, tokenizer, sentences: list[str], args: argparse.Namespace) -> list[str]:
-    """translate() with the command's decoding options; a warning naming the sentences that came out empty."""
-    if args.max_len is not None and args.max_len > model.cfg.max_len - 1:  # <bos> takes one position
-        raise ValueError(f"--max-len {args.max_len} is more than this model's positions allow: at most "
+def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, max_len: int | None) -> list[str]:
+    """translate() with --max-len checked against the model; a warning naming the sentences that came out empty."""
+    if max_len is not None and max_len > model.cfg.max_len - 1:  # <bos> takes one position
+        raise ValueError(f"--max-len {max_len} is more than this model's positions allow: at most "
                          f"{model.cfg.max_len - 1} tokens (its max_len is {model.cfg.max_len}, one is <bos>)")
-    translations = translate(model, tokenizer, sentences, beam_size=args.beam, max_len=args.max_len, alpha=args.alpha)
+    translations = translate(model, tokenizer, sentences, beam_size=beam, max_len=max_len, alpha=alpha)
     empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
@@ -543,10 +528,13 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
     if args.checkpoint is not None:
         checkpoint = _checkpoint_file(args.checkpoint)
         run = {(checkpoint.parent.resolve() / name) for name in (*RUN_FILES, LOCK_FILE)}
+        in_run = target.parent.resolve() == checkpoint.parent.resolve()
         if (target.parent.resolve() / target.name) in run | {checkpoint.resolve()} or (
+                in_run and EPOCH_FILE.fullmatch(target.name)) or (
                 target.exists() and checkpoint.exists() and target.samefile(checkpoint)):
-            raise ValueError(f"--save-hyp {str(target)!r} is a file of the run being evaluated "
-                             f"({checkpoint.parent}) and would be overwritten; give another file name")
+            raise ValueError(f"--save-hyp {str(target)!r} is a file of the run being evaluated ({checkpoint.parent}: "
+                             f"its checkpoint, tokenizer, history, decoding, lock or epoch weights), which only "
+                             f"training writes; give another file name")
 
 
 def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
@@ -584,17 +572,16 @@ def cmd_choose(args: argparse.Namespace) -> int:
     beam = args.beam if args.beam is not None else settings.get("beam_size", DEFAULT_DECODING["beam_size"])
     alphas = list(dict.fromkeys(args.alpha)) if beam > 1 else [0.0]  # greedy search has no length penalty
     averages = list(dict.fromkeys(averages))
-    pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
-    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: {len(sources):,} sentences, "
-          f"beam {beam}; {len(averages) * len(alphas)} decodings", flush=True)
     tried = []
-    with lock_run_folder(folder):  # no training changes these weights while they are chosen for
+    with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
+        pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
+        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+        print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: {len(sources):,} sentences, "
+              f"beam {beam}; {len(averages) * len(alphas)} decodings", flush=True)
         for average_last in averages:
             model, tokenizer = load_translator(checkpoint, args.device, average_last=average_last)
             for alpha in alphas:
-                args.beam, args.alpha = beam, alpha  # what _translate decodes with
-                scores = corpus_scores(_translate(model, tokenizer, sources, args), references)
+                scores = corpus_scores(_translate(model, tokenizer, sources, beam, alpha, args.max_len), references)
                 tried.append((scores["bleu"], average_last, alpha, scores))
                 print(f"  {_weights_label(average_last):32s} alpha {alpha:.1f}: BLEU {scores['bleu']:5.2f}   "
                       f"BP {scores['bp']:.3f}   length ratio {scores['ratio']:.3f}", flush=True)
@@ -647,8 +634,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")
             model, tokenizer = _load(args.checkpoint, args.device)
-        _choose_decoding(args)
-        hypotheses = _translate(model, tokenizer, sources, args)
+        hypotheses = _translate(model, tokenizer, sources, *_decoding(args), args.max_len)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
                          f"line by line")
