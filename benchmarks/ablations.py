@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from transformer_lib.runs import MAX_BEAM
+from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positive_int
+from transformer_lib.runs import CHOSEN_ON, is_count, is_minutes, is_score
 from transformer_lib.translation import PRESETS, resolve_settings
 
 # name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
@@ -69,30 +70,6 @@ def merge(overrides: dict, extra: dict) -> dict:
     for part, values in extra.items():
         merged.setdefault(part, {}).update(values)
     return merged
-
-
-def _count_argument(least: int, most: int | None = None):
-    """An argparse type: an integer from least (to most)."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            number = None
-        if number is None or number < least or (most is not None and number > most):
-            span = f"from {least} to {most}" if most is not None else f"of {least} or more"
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value!r}")
-        return number
-    return parse
-
-
-def _alpha_argument(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not 0 <= number <= 10:  # (refuses nan and inf too)
-        raise argparse.ArgumentTypeError(f"expected a length-penalty exponent from 0 to 10, got {value!r}")
-    return number
 
 
 def _minutes_argument(value: str) -> float:
@@ -192,7 +169,7 @@ def run_one(args: argparse.Namespace) -> dict:
         best_final = max((row for row in beams if row["average_last"] == 1), key=lambda row: row["bleu"])
         record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
                             "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],
-                            "chosen_on": "validation"}
+                            "chosen_on": CHOSEN_ON}
         test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"], keep="chosen")
         record["test"] = {key: test[key] for key in ("bleu", "chrf", "bp", "ratio", "bleu_signature")}
         # The rows on decoding, on the test split too: greedy, and beam search without the averaged weights.
@@ -217,24 +194,10 @@ RECORD_KEYS = ("what", "variant", "description", "changes", "seed", "preset", "o
                "diverged", "curve", "steps", "minutes", "wall_minutes")
 TRAINED_KEYS = ("epochs", "final_valid_loss", "valid_bleu_greedy", "chosen", "test", "test_greedy_final",
                 "test_beam_final", "decodes", "test_hypotheses")
-BLEU_ROUNDING = 1e-9  # sacreBLEU's arithmetic may give a perfect score as 100.00000000000004
 
 
 class RecordError(ValueError):
     """A record file that is not a complete record of benchmarks/ablations.py, or not of this sweep."""
-
-
-def _bleu(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
-        0 <= value <= 100 + BLEU_ROUNDING)
-
-
-def _count(value, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _minutes(value) -> bool:  # a finite positive number of minutes, at most a year
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 60 * 24 * 365
 
 
 def check_record(record, path: Path) -> dict:
@@ -249,7 +212,7 @@ def check_record(record, path: Path) -> dict:
     missing = [key for key in RECORD_KEYS + (() if record.get("diverged") else TRAINED_KEYS) if key not in record]
     if missing:
         raise wrong(f"lacks {', '.join(missing)}: it is not a complete record")
-    if record["variant"] not in VARIANTS or not _count(record["seed"]):
+    if record["variant"] not in VARIANTS or not is_count(record["seed"], 0):
         raise wrong(f"names variant {record['variant']!r} and seed {record['seed']!r}; expected one of VARIANTS and "
                     f"a seed >= 0")
     if path.name != record_path(path.parent, record["variant"], record["seed"]).name:
@@ -268,16 +231,16 @@ def check_record(record, path: Path) -> dict:
     if record["epochs"] != epochs or len(record["curve"]) != epochs:
         raise wrong(f"records {record['epochs']} epochs and {len(record['curve'])} epoch records where its run asked "
                     f"for {epochs}: a run cut short")
-    if not _count(record["steps"], 1) or not _minutes(record["minutes"]) or not _minutes(record["wall_minutes"]):
+    if not is_count(record["steps"]) or not is_minutes(record["minutes"]) or not is_minutes(record["wall_minutes"]):
         raise wrong(f"records steps {record['steps']!r}, minutes {record['minutes']!r} and wall minutes "
                     f"{record['wall_minutes']!r}; expected a positive count and numbers of minutes up to a year")
     scores = [record["valid_bleu_greedy"], record["test_greedy_final"], record["test_beam_final"],
               record["test"].get("bleu") if isinstance(record["test"], dict) else None]
     scores += [row.get("bleu") if isinstance(row, dict) else None for row in record["decodes"]]
-    if not all(_bleu(score) for score in scores):
+    if not all(is_score(score) for score in scores):
         raise wrong(f"holds a BLEU score that is not a number from 0 to 100 ({scores})")
     chosen = record["chosen"]
-    if not isinstance(chosen, dict) or chosen.get("chosen_on") != "validation" or not _bleu(chosen.get("valid_bleu")):
+    if not (isinstance(chosen, dict) and chosen.get("chosen_on") == CHOSEN_ON and is_score(chosen.get("valid_bleu"))):
         raise wrong("holds no decoding chosen on the validation split")
     hypotheses = record["test_hypotheses"]
     if not (isinstance(hypotheses, dict) and sorted(hypotheses) == ["beam_final", "chosen", "greedy_final"]
@@ -387,21 +350,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the records (one JSON file per run)")
     parser.add_argument("--summary", type=Path, metavar="DIR", help="print the table of the records in DIR and stop")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--seeds", type=_count_argument(0), nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1])
     parser.add_argument("--preset", default="multi30k", choices=sorted(PRESETS), help="default: %(default)s")
     parser.add_argument("--overrides", default="{}", help="JSON settings laid under every variant (quick trials)")
-    parser.add_argument("--train-limit", type=_count_argument(1), help="only the first N training pairs (quick trials)")
-    parser.add_argument("--epochs", type=_count_argument(1), help="train this many epochs instead of the preset's")
-    parser.add_argument("--beam", type=_count_argument(1, MAX_BEAM), default=4, help="default: %(default)s")
-    parser.add_argument("--alpha", type=_alpha_argument, nargs="+", default=[0.6, 0.8, 1.0, 1.2],
+    parser.add_argument("--train-limit", type=positive_int, help="only the first N training pairs (quick trials)")
+    parser.add_argument("--epochs", type=positive_int, help="train this many epochs instead of the preset's")
+    parser.add_argument("--beam", type=beam_size, default=4, help="default: %(default)s")
+    parser.add_argument("--alpha", type=alpha_value, nargs="+", default=[0.6, 0.8, 1.0, 1.2],
                         help="default: %(default)s, chapter 8's")
-    parser.add_argument("--max-len", type=_count_argument(1), help="at most this many tokens per translation")
-    parser.add_argument("--jobs", type=_count_argument(1), default=1, help="runs trained at once (default: %(default)s)")
+    parser.add_argument("--max-len", type=positive_int, help="at most this many tokens per translation")
+    parser.add_argument("--jobs", type=positive_int, default=1, help="runs trained at once (default: %(default)s)")
     parser.add_argument("--stop-after", type=_minutes_argument, help="start no run after this many minutes")
     parser.add_argument("--overwrite", action="store_true", help="run again the runs that have a record")
     parser.add_argument("--work", help="folder for the runs' temporary folders (default: the system's)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one run, in a process of its own
-    parser.add_argument("--seed", type=_count_argument(0), help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=non_negative_int, help=argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)
     try:

@@ -28,7 +28,6 @@ from pathlib import Path
 
 
 def run(args: argparse.Namespace) -> dict:
-    import sacrebleu
     import torch
 
     import transformer_lib as tl
@@ -38,8 +37,11 @@ def run(args: argparse.Namespace) -> dict:
     from transformer_lib.scoring import corpus_scores
 
     overrides = read_settings_file(args.config) if args.config else {}
-    overrides = {"model": dict(overrides.get("model", {})), "training": {**overrides.get("training", {}),
-                                                                         "bleu_every": 1}}
+    if not isinstance(overrides, dict):
+        raise ValueError(f'--config {args.config} must hold a JSON object like {{"training": {{...}}}}')
+    # BLEU after every epoch (the curve), and the weights of as many last epochs as the largest average needs
+    training = {**overrides.get("training", {}), "bleu_every": 1, "keep_checkpoints": max([1, *args.average])}
+    overrides = {"model": dict(overrides.get("model", {})), "training": training}
     report = {
         "what": "a recipe trial on the validation split of Multi30k de->en (test set never decoded)",
         "preset": args.preset, "overrides": overrides,
@@ -55,23 +57,13 @@ def run(args: argparse.Namespace) -> dict:
     def save() -> None:
         atomic_write_text(out, json.dumps(report, indent=1) + "\n")
 
-    save()
-    trained: dict = {}
-    epoch_states: list[dict] = []
-    real_hook = translation.validation_hook
-
-    def hook_keeping_the_model(model, *hook_args, **hook_kwargs):  # train_translator's own hook, which sees the model
-        trained["model"] = model
-        return real_hook(model, *hook_args, **hook_kwargs)
-
     def on_record(record: dict) -> None:
-        epoch_states.append({k: v.detach().clone() for k, v in trained["model"].state_dict().items()})
         report["points"].append(record)
         report["load_average_now"] = os.getloadavg()
         save()
 
+    save()
     run_dir = Path(tempfile.mkdtemp(prefix="recipe_trial_"))
-    translation.validation_hook = hook_keeping_the_model
     try:
         started = time.perf_counter()
         summary = tl.train_translator(run_dir / "run", preset=args.preset, overrides=overrides, epochs=args.epochs,
@@ -79,23 +71,21 @@ def run(args: argparse.Namespace) -> dict:
         report["wall_minutes_training_and_validation"] = (time.perf_counter() - started) / 60
         report["training_minutes"] = report["points"][-1]["minutes"]
         report["steps"] = summary["steps"]
-        model, tokenizer = translation.load_translator(run_dir / "run", device="cpu")
         pairs = load_pairs("multi30k", "validation", "de", "en")
         sources, references = [de for de, _ in pairs], [en for _, en in pairs]
-        final = {k: v.clone() for k, v in model.state_dict().items()}
+        kept = len(translation.epoch_weights(run_dir / "run"))
         for n in [1, *args.average]:
-            if n > len(epoch_states):
+            if n > kept:  # a trial shorter than the average it asks for
                 continue
-            model.load_state_dict(final if n == 1 else translation.average_checkpoints(epoch_states[-n:]))
+            model, tokenizer = translation.load_translator(run_dir / "run", device="cpu", average_last=n)
             for alpha in args.alpha:
                 decode_started = time.perf_counter()
                 hypotheses = translation.translate(model, tokenizer, sources, beam_size=args.beam, alpha=alpha)
                 scores = corpus_scores(hypotheses, references)
-                bleu = sacrebleu.corpus_bleu(hypotheses, [references])
                 report["decodes"].append({
                     "weights": "final" if n == 1 else f"average of the last {n} epochs", "beam": args.beam,
                     "alpha": alpha, "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
-                    "brevity_penalty": bleu.bp, "length_ratio": bleu.sys_len / bleu.ref_len,
+                    "brevity_penalty": scores["bp"], "length_ratio": scores["ratio"],
                     "bleu_signature": scores["bleu_signature"],
                     "decode_minutes": (time.perf_counter() - decode_started) / 60})
                 report["load_average_now"] = os.getloadavg()
@@ -103,25 +93,40 @@ def run(args: argparse.Namespace) -> dict:
         report["load_average_at_end"] = os.getloadavg()
         save()
     finally:
-        translation.validation_hook = real_hook
         shutil.rmtree(run_dir, ignore_errors=True)
     return report
 
 
+
+
+
+
 def main(argv: list[str] | None = None) -> int:
+    from transformer_lib.cli import alpha_value, beam_size, positive_int
+    from transformer_lib.runs import check_replaceable
+    from transformer_lib.translation import PRESETS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="multi30k-cpu", help="default: %(default)s")
+    parser.add_argument("--preset", default="multi30k-cpu", choices=sorted(PRESETS), help="default: %(default)s")
     parser.add_argument("--config", type=Path, help='JSON overrides, as for the command line: {"model": {...}, ...}')
-    parser.add_argument("--epochs", type=int, default=8, help="default: %(default)s")
-    parser.add_argument("--average", type=int, nargs="*", default=[2, 3, 4], help="average the last N epochs")
-    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 1.0], help="length-penalty exponents")
-    parser.add_argument("--beam", type=int, default=4, help="default: %(default)s")
-    parser.add_argument("--json", required=True, help="report to write")
+    parser.add_argument("--epochs", type=positive_int, default=8, help="default: %(default)s")
+    parser.add_argument("--average", type=positive_int, nargs="*", default=[2, 3, 4], help="average the last N epochs")
+    parser.add_argument("--alpha", type=alpha_value, nargs="+", default=[0.6, 1.0], help="length-penalty exponents")
+    parser.add_argument("--beam", type=beam_size, default=4, help="default: %(default)s")
+    parser.add_argument("--json", type=Path, required=True, help="report to write")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.beam < 1 or any(n < 2 for n in args.average):
-        parser.error("--epochs and --beam must be positive, and --average takes counts of 2 or more")
-    report = run(args)
+    if any(n < 2 for n in args.average):
+        parser.error(f"--average takes counts of 2 or more (the final weights are always decoded), got {args.average}")
+    try:
+        check_replaceable(args.json, "--json")  # never written through a link, never over a folder
+        report = run(args)
+    except (ValueError, OSError) as error:
+        if args.debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(json.dumps({k: v for k, v in report.items() if k not in ("settings", "points")}, indent=1))
     return 0
 

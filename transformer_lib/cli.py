@@ -78,13 +78,25 @@ def _existing_file(value: str) -> Path:
     return path
 
 
-def _positive(value: str) -> int:
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1 (the benchmarks' command lines use it too)."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    """An argparse type: an integer of at least 0, such as a seed."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
     return number
 
 
@@ -101,7 +113,8 @@ def _corpus_config(value: str) -> str:
     return value
 
 
-def _alpha(value: str) -> float:
+def alpha_value(value: str) -> float:
+    """An argparse type: a length-penalty exponent, from 0 (none) to 10."""
     try:
         number = float(value)
     except ValueError:
@@ -126,8 +139,9 @@ def _device(value: str) -> torch.device:
     return device
 
 
-def _beam(value: str) -> int:
-    number = _positive(value)
+def beam_size(value: str) -> int:
+    """An argparse type: a beam size from 1 (greedy search) to MAX_BEAM."""
+    number = positive_int(value)
     if number > MAX_BEAM:
         raise argparse.ArgumentTypeError(f"expected a beam size from 1 to {MAX_BEAM}, got {value!r}")
     return number
@@ -158,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--src", help="source language (default: de)")
     train.add_argument("--tgt", help="target language (default: en)")
     length = train.add_mutually_exclusive_group()
-    length.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps")
-    length.add_argument("--epochs", type=_positive, help="stop after this many passes over the data")
-    train.add_argument("--train-limit", type=_positive, help="use only the first N training pairs (quick runs)")
+    length.add_argument("--max-steps", type=positive_int, help="stop after this many optimizer steps")
+    length.add_argument("--epochs", type=positive_int, help="stop after this many passes over the data")
+    train.add_argument("--train-limit", type=positive_int, help="use only the first N training pairs (quick runs)")
     validation = train.add_mutually_exclusive_group()
-    validation.add_argument("--valid-limit", type=_positive,
+    validation.add_argument("--valid-limit", type=positive_int,
                             help="score only the first N validation pairs after each epoch (default: --train-limit's "
                                  "value when it is given, else all of them)")
     validation.add_argument("--no-validation", action="store_true", help="skip validation after each epoch")
@@ -178,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", parents=[debug], help="translate sentences given as arguments or on standard input")
     translate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
-    translate.add_argument("--beam", type=_beam, help=f"beam size from 1 (greedy search) to {MAX_BEAM}")
+    translate.add_argument("--beam", type=beam_size, help=f"beam size from 1 (greedy search) to {MAX_BEAM}")
     choose = commands.add_parser(
         "choose", parents=[debug],
         help=f"choose on the validation split how a run decodes (alpha, averaged weights) and save it in {DECODING_FILE}",
@@ -187,19 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
                     f"and evaluate --scoreboard find it. The choice is made on the validation split only, as chapter 8 "
                     f"makes it; the test split is never decoded here.")
     choose.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pt or the run folder holding it")
-    choose.add_argument("--beam", type=_beam, help="beam size from 1 to %d (default: the run's settings, else %d)"
+    choose.add_argument("--beam", type=beam_size, help="beam size from 1 to %d (default: the run's settings, else %d)"
                         % (MAX_BEAM, DEFAULT_DECODING["beam_size"]))
-    choose.add_argument("--alpha", type=_alpha, nargs="+", default=list(CHOOSE_ALPHAS),
+    choose.add_argument("--alpha", type=alpha_value, nargs="+", default=list(CHOOSE_ALPHAS),
                         help="length-penalty exponents to try (default: %(default)s)")
-    choose.add_argument("--average", type=_positive, nargs="+",
+    choose.add_argument("--average", type=positive_int, nargs="+",
                         help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
                              "every epoch the run keeps)")
 
     evaluate = commands.add_parser("evaluate", parents=[debug], help="corpus BLEU and chrF with sacreBLEU")
     for command in (translate, evaluate):  # choose takes several --alpha
-        command.add_argument("--alpha", type=_alpha, help="length penalty exponent of beam search, 0 for none")
+        command.add_argument("--alpha", type=alpha_value, help="length penalty exponent of beam search, 0 for none")
     for command in (translate, choose, evaluate):  # how translate() decodes, and where
-        command.add_argument("--max-len", type=_positive,
+        command.add_argument("--max-len", type=positive_int,
                              help="at most this many tokens per translation (default: the source's length + 50)")
         command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
@@ -215,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--src-file", type=_existing_file, help="source sentences, one per line")
     evaluate.add_argument("--hyp-file", type=_existing_file, help="translations already made, one per line")
     evaluate.add_argument("--ref-file", type=_existing_file, help="reference translations, one per line")
-    evaluate.add_argument("--beam", type=_beam, help=f"beam size from 1 to {MAX_BEAM}")
+    evaluate.add_argument("--beam", type=beam_size, help=f"beam size from 1 to {MAX_BEAM}")
     evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file (not one of the inputs)")
     evaluate.add_argument("--scoreboard", type=_run_folder, metavar="DIR",
                           help="with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
