@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transformer_lib as tl  # noqa: E402
 from torch_baseline import TorchTransformer  # noqa: E402
 from transformer_lib.decoding import beam_search  # noqa: E402
+from transformer_lib.runs import atomic_write_text, check_replaceable  # noqa: E402
 from transformer_lib.training import teacher_forcing_pair, translation_loss  # noqa: E402
 
 SIZES = {
@@ -335,6 +336,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.json is not None:
+        try:
+            check_replaceable(args.json, "--json")  # never a folder, a link or a special file
+        except ValueError as error:
+            parser.error(str(error))
+    if args.device is not None:
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            parser.error(f"--device must be a device such as cpu, cuda or cuda:1, got {args.device!r}")
     if args.batch is not None:
         try:
             args.shape = tuple(int(part) for part in args.batch.split(","))
@@ -378,7 +391,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(table(report))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        atomic_write_text(args.json, json.dumps(report, indent=1, default=str) + "\n")  # never through a link
     return report
 
 

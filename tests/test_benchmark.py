@@ -105,3 +105,12 @@ def test_the_appendix_tables_are_the_committed_reports():
         report = json.loads((tables.RESULTS / name).read_text())
         assert set(report["training"]) == set(benchmark.MODELS) and report["environment"]["device_name"]
     assert tables.sync(check=True) == [], "run `python benchmarks/tables.py` after changing a report"
+
+
+@pytest.mark.parametrize("argv, message", [(["--threads", "-3"], "--threads must be at least 1"),
+                                           (["--json", "."], "is a folder, not a regular file"),
+                                           (["--device", "gpuu"], "--device must be a device such as cpu")])
+def test_a_bad_argument_is_one_line_before_anything_runs(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        benchmark.parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -191,3 +191,9 @@ def test_the_scoreboard_and_chapter_8_tell_the_same_run():
     assert record["test"]["bleu_line"] in scores  # the test score the chapter printed is the one recorded
     decoding = record["decoding"]
     assert f"alpha {decoding['alpha']}" in scores and f"average of the last {decoding['average_last']}" in scores
+
+
+def test_a_timeout_that_is_not_positive_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        heavy.main(["--timeout", "0", "--check"])
+    assert stop.value.code == 2 and "--timeout must be a positive number of seconds" in capsys.readouterr().err

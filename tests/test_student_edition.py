@@ -473,3 +473,11 @@ def test_instructor_guide_chapter_map_matches_the_exercises():
             )
         else:
             assert rows[number] == "in preparation", f"{path.name} has no exercises yet: write 'in preparation'"
+
+
+@pytest.mark.parametrize("branch", ["", "two words", "../main", "-x"])
+def test_a_branch_that_git_could_not_name_is_refused_before_anything_is_written(tmp_path, capsys, branch):
+    with pytest.raises(SystemExit) as stop:
+        se.main(["--out", str(tmp_path / "edition"), f"--branch={branch}"])
+    assert stop.value.code == 2 and "--branch must be a git branch name" in capsys.readouterr().err
+    assert not (tmp_path / "edition").exists()

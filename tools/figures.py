@@ -772,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="draw into this folder instead of book/figures")
     parser.add_argument("--png", type=Path, default=None, help="also write PNG copies into this folder")
     args = parser.parse_args(argv)
+    for flag, folder in (("--out", args.out), ("--png", args.png)):
+        if folder is not None and (folder.is_symlink() or (folder.exists() and not folder.is_dir())):
+            parser.error(f"{flag} {str(folder)!r} is a file or a link; give a folder to draw into")
     if args.check:
         found = problems()
         for line in found:

@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only rewrite the note at the top of each chapter from its stored record (after a change "
                              "to the note's wording); runs nothing")
     args = parser.parse_args(argv)
+    if args.timeout < 1:
+        parser.error(f"--timeout must be a positive number of seconds per cell, got {args.timeout}")
     paths = [BOOK / Path(name).name for name in args.chapters]
     for path in paths:
         if path.name not in HEAVY_CHAPTERS or not path.is_file():

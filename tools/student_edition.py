@@ -553,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="replace the files of a non-empty --out (keeps its .git)")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._/-]*", args.branch) or ".." in args.branch:
+        parser.error(f"--branch must be a git branch name such as 'student' (letters, digits, '.', '_', '-', '/'), "
+                     f"got {args.branch!r}")
     try:
         report = make_edition(
             args.out, args.branch, root=args.repo, force=args.force, include_untracked=args.include_untracked,
