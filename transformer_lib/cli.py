@@ -78,26 +78,21 @@ def _existing_file(value: str) -> Path:
     return path
 
 
-def positive_int(value: str) -> int:
-    """An argparse type: an integer of at least 1 (the benchmarks' command lines use it too)."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
+def _integer_at_least(least: int, expected: str):
+    """An argparse type: an integer of at least least; the error says what was expected."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < least:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+        return number
+    return parse
 
 
-def non_negative_int(value: str) -> int:
-    """An argparse type: an integer of at least 0, such as a seed."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
-    return number
+positive_int = _integer_at_least(1, "a positive integer")  # the benchmarks' command lines use these types too
+non_negative_int = _integer_at_least(0, "an integer >= 0")  # a seed
 
 
 def _run_folder(value: str) -> Path:
