@@ -3,7 +3,7 @@
 tools/gpu_check.py runs these first wherever a GPU is at hand. tests/test_device_paths.py runs the same branches on
 the CPU with the `meta` device and fp16 autocast; what is here needs CUDA itself: pinned memory, fused Adam, the
 host waiting for the GPU, bf16 and fp16 kernels, NCCL. (The key/value cache on CUDA is a `gpu` case of
-tests/test_training.py::test_cached_and_uncached_decoding_agree.)
+tests/test_decoding.py::test_cached_and_uncached_decoding_agree.)
 """
 
 import json

@@ -6,6 +6,7 @@ from torch import nn
 
 import transformer_lib as tl
 
+from copy_task import CFG
 from torch_baseline import TorchTransformer  # (the benchmark's nn.Transformer baseline copies our weights)
 
 SMALL = dict(src_vocab_size=40, tgt_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=20)
@@ -164,6 +165,21 @@ def test_bad_inputs_to_the_model():
         model(src.float(), tgt)
     with pytest.raises(ValueError, match=r"same batch size, got shapes \(3, 9\) and \(2, 7\)"):
         model(src, tgt[:2])
+
+
+def test_decode_refuses_a_memory_of_another_batch_size():
+    torch.manual_seed(0)
+    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
+    src = torch.randint(4, 20, (1, 5))
+    memory = model.encode(src)  # (1, S, d_model)
+    with pytest.raises(ValueError, match=r"memory must be \(batch, S, d_model\) with tgt's batch size 2, got shape \(1, 5, 32\)"):
+        model.decode(torch.randint(4, 20, (2, 3)), memory, tl.padding_mask(src, 0))
+
+
+def test_encode_refuses_an_empty_source():
+    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
+    with pytest.raises(ValueError, match=r"length >= 1, got shape \(2, 0\)"):
+        model.encode(torch.zeros(2, 0, dtype=torch.long))
 
 
 def test_the_model_traces_into_one_graph_for_torch_compile():

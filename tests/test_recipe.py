@@ -58,15 +58,6 @@ def test_average_checkpoints_passes_the_exercise_grader_and_refuses_nothing_to_a
         tl.average_checkpoints([])
 
 
-def test_beam_search_refuses_a_source_row_of_padding_only():
-    model = small_model()
-    src = torch.tensor([[5, 6, 7], [0, 0, 0]])
-    with pytest.raises(ValueError, match=r"src row 1 is all padding \(pad_id=0\)"):
-        tl.beam_search(model, src, beam_size=2, max_len=5)
-    with pytest.raises(ValueError, match=r"src must be \(batch, S\)"):
-        tl.beam_search(model, torch.zeros(2, 0, dtype=torch.long), beam_size=2, max_len=5)
-
-
 def test_translate_refuses_the_text_of_a_special_token():
     model = small_model()
     tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)

@@ -1,4 +1,4 @@
-"""Runs that survive kills, bad files and bad settings: transformer_lib.runs and its use in training and the model."""
+"""Runs that survive kills, bad files and bad settings: transformer_lib.runs and its use in training."""
 
 import json
 import os
@@ -638,43 +638,7 @@ def test_a_failed_start_is_not_called_a_run_and_both_messages_lead_out_of_the_fo
     runs.check_run_folder(run, resume=False, overwrite=True)  # the way out that both name
 
 
-# ---- the model refuses shapes it would silently broadcast ----
-
-
-def test_decode_refuses_a_memory_of_another_batch_size():
-    torch.manual_seed(0)
-    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
-    src = torch.randint(4, 20, (1, 5))
-    memory = model.encode(src)  # (1, S, d_model)
-    with pytest.raises(ValueError, match=r"memory must be \(batch, S, d_model\) with tgt's batch size 2, got shape \(1, 5, 32\)"):
-        model.decode(torch.randint(4, 20, (2, 3)), memory, tl.padding_mask(src, 0))
-
-
-def test_encode_refuses_an_empty_source():
-    model = tl.Transformer(tl.TransformerConfig(**CFG)).eval()
-    with pytest.raises(ValueError, match=r"length >= 1, got shape \(2, 0\)"):
-        model.encode(torch.zeros(2, 0, dtype=torch.long))
-
-
-# ---- the loss over padding only; Ctrl-C during the last save ----
-
-
-def test_the_loss_of_labels_that_are_all_padding_is_zero_not_nan():
-    logits = torch.randn(2, 3, 20, requires_grad=True)
-    loss = tl.translation_loss(logits, torch.zeros(2, 3, dtype=torch.long), pad_id=0)
-    assert loss.item() == 0.0
-    loss.backward()
-    assert torch.equal(logits.grad, torch.zeros_like(logits))  # nothing to learn from, and no NaN in the gradient
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_the_loss_is_the_mean_over_the_real_tokens(smoothing):
-    logits, labels = torch.randn(3, 5, 20), torch.randint(1, 20, (3, 5))
-    labels[0, 3:] = 0
-    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=0,
-                                                 label_smoothing=smoothing)  # PyTorch's own mean
-    # the same sum divided by the same count, possibly in another order: float32 rounding, a few ulps
-    torch.testing.assert_close(tl.translation_loss(logits, labels, 0, smoothing), expected, rtol=1e-6, atol=0)
+# ---- Ctrl-C during the last save ----
 
 
 def test_ctrl_c_during_the_last_save_lets_it_finish(tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ COMPARISONS = [
     *[("test_model", "test_matches_torch_transformer", {"norm_first": n}) for n in (False, True)],  # vs nn.Transformer
     *[("test_model", "test_no_information_flows_from_padding", {"norm_first": n, "fused": f})  # batch vs one sentence
       for n in (False, True) for f in (True, False)],
-    *[("test_training", "test_cached_and_uncached_decoding_agree", {"norm_first": n, "device": "cpu"})
+    *[("test_decoding", "test_cached_and_uncached_decoding_agree", {"norm_first": n, "device": "cpu"})
       for n in (False, True)],
     *[("test_benchmark", "test_baseline_computes_the_same_function_and_trains_the_same", {"norm_first": n})
       for n in (False, True)],
@@ -39,10 +39,10 @@ COMPARISONS = [
 
 # Run in a fresh process: set the threads, record every assert_close's share of its tolerance, print them as JSON.
 PROBE = r"""
-import json, sys
+import json, os, sys
 import torch
 torch.set_num_threads(int(sys.argv[1]))
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = sys.argv[2].split(os.pathsep)  # the folders pytest puts on the path (pyproject's pythonpath)
 DEFAULTS = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
             torch.float64: (1e-7, 1e-7)}  # torch.testing.assert_close's defaults (rtol, atol)
 original, used = torch.testing.assert_close, []
@@ -75,19 +75,20 @@ print(json.dumps(results))
 """
 
 
-def shares(threads: int) -> dict[str, list[float]]:
-    """Run every comparison in one fresh process on `threads` threads; the share of its tolerance each one used."""
+def shares(threads: int, paths: list) -> dict[str, list[float]]:
+    """Run every comparison in one fresh process on `threads` threads, with paths first on its import path; the share
+    of its tolerance each one used."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-c", PROBE, str(threads), str(ROOT / "tests"), json.dumps(COMPARISONS),
-                           str(DRAWS)],
+    done = subprocess.run([sys.executable, "-c", PROBE, str(threads), os.pathsep.join(map(str, paths)),
+                           json.dumps(COMPARISONS), str(DRAWS)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, f"the comparisons on {threads} thread(s) failed:\n{done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_tolerance_has_a_margin_of_ten_on_this_cpu(threads):
-    results = shares(threads)
+def test_every_tolerance_has_a_margin_of_ten_on_this_cpu(threads, pytestconfig):
+    results = shares(threads, pytestconfig.getini("pythonpath"))
     assert len(results) == len(COMPARISONS) and all(results.values()), f"a test made no comparison: {results}"
     tight = {name: round(max(used), 3) for name, used in results.items() if max(used) > 1 / MARGIN}
     assert not tight, (f"on {threads} thread(s) these comparisons used more than 1/{MARGIN} of their tolerance "

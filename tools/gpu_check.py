@@ -5,7 +5,7 @@
 It runs, each with its own time limit, and goes on when one fails:
 
   1. the GPU tests (every test marked `gpu`: tests/test_gpu.py and the CUDA case of the cache test in
-     tests/test_training.py) and the CPU stand-ins of the same branches
+     tests/test_decoding.py) and the CPU stand-ins of the same branches
      (tests/test_device_paths.py), on this GPU: pinned copies, fused Adam, no host sync between log entries, bf16 and
      fp16 with a GradScaler, Ctrl-C and resume, a checkpoint moved between the GPU and the CPU, the key/value cache,
      torch.compile with varying shapes, torchrun with NCCL;
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         junit = work / "tests.xml"
         checks.run("pytest: GPU tests and their CPU stand-ins", [
             sys.executable, "-m", "pytest", "tests/test_gpu.py", "tests/test_device_paths.py",
-            "tests/test_training.py::test_cached_and_uncached_decoding_agree", "-q", "-rs",
+            "tests/test_decoding.py::test_cached_and_uncached_decoding_agree", "-q", "-rs",
             "-p", "no:cacheprovider", f"--junitxml={junit}"], 420)
         test_results(junit, checks)
         training_checks(checks, work, "multi30k", steps, {})
