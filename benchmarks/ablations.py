@@ -288,6 +288,59 @@ def differs_from_sweep(record: dict, args: argparse.Namespace) -> str | None:
     return None
 
 
+def significance(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[tuple[str, int], dict]:
+    """sacreBLEU's own statistics of each trained run's test2016 BLEU (the decoding it chose on validation), keyed by
+    (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval (n_samples
+    resamples of the test sentences), and "p_value", the paired bootstrap test (sacreBLEU's paired_bs, as Moses'
+    bootstrap-hypothesis-difference-significance.pl) of the run against the baseline of the same seed, which sees
+    the same batches, on the same resamples; None for the baseline itself and for a seed without a baseline.
+    sacreBLEU fixes its random seed (SACREBLEU_SEED, 12345 by default), so the numbers repeat."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    stats = {}
+    trained = [r for r in records if not r["diverged"]]
+    for seed in sorted({r["seed"] for r in trained}):
+        runs = {r["variant"]: r for r in trained if r["seed"] == seed}
+        if "baseline" not in runs:  # an interval for each run, no comparison
+            for variant, run in runs.items():
+                score = BLEU().corpus_score(run["test_hypotheses"]["chosen"], [references], n_bootstrap=n_samples)
+                stats[variant, seed] = {"mean": score._mean, "ci": score._ci, "p_value": None}
+            continue
+        order = ["baseline"] + [v for v in VARIANTS if v in runs and v != "baseline"]
+        systems = [(variant, runs[variant]["test_hypotheses"]["chosen"]) for variant in order]
+        _, results = PairedTest(systems, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=n_samples)()
+        for variant, result in zip(order, results["BLEU"]):
+            stats[variant, seed] = {"mean": result.mean, "ci": result.ci, "p_value": result.p_value}
+    return stats
+
+
+def runs_table(records: list[dict], references: list[str]):
+    """A pandas DataFrame, one row per run (variants in VARIANTS' order, then seeds): its test BLEU with sacreBLEU's
+    bootstrap mean and 95% interval, its difference from the baseline of the same seed with the paired test's
+    p-value, its validation BLEU (the decoding it chose), training minutes and steps, the mean load average of the
+    machine while it trained (above the cores' count: other work shared them), and where a diverged run stopped."""
+    import pandas as pd
+
+    stats = significance(records, references)
+    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    rows = []
+    for variant in VARIANTS:
+        for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
+            row = {"variant": variant, "seed": run["seed"], "diverged": run["error"] if run["diverged"] else ""}
+            if not run["diverged"]:
+                stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
+                row.update({
+                    "test BLEU": run["test"]["bleu"], "bootstrap mean": stat["mean"], "95% CI ±": stat["ci"],
+                    "vs baseline": run["test"]["bleu"] - base["test"]["bleu"] if base else math.nan,
+                    "paired p": math.nan if stat["p_value"] is None else stat["p_value"],
+                    "validation BLEU": run["chosen"]["valid_bleu"], "minutes": run["minutes"], "steps": run["steps"],
+                    "load": sum(run["load_average"]) / len(run["load_average"]) if run.get("load_average") else math.nan,
+                })
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def summary_table(records: list[dict]):
     """A pandas DataFrame, one row per variant in VARIANTS' order: runs, mean and spread (max - min) over seeds."""
     import pandas as pd

@@ -81,6 +81,25 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
     assert ablations.main([*quick, "--variants", "baseline", "separate-embeddings"]) == 0
     assert "0 runs to do" in capsys.readouterr().out  # a run with a record is not repeated
 
+    references = [en for _, en in data.load_pairs("multi30k", "test", "de", "en")]
+    per_run = ablations.runs_table(ablations.read_records(out), references).set_index("variant")
+    assert list(per_run.index) == ["baseline", "separate-embeddings"] and set(per_run["seed"]) == {3}
+    for variant, row in per_run.iterrows():  # sacreBLEU's bootstrap: an interval around the run's own score
+        assert row["test BLEU"] == records[variant]["test"]["bleu"] and row["95% CI ±"] >= 0
+        assert abs(row["bootstrap mean"] - row["test BLEU"]) <= row["95% CI ±"] + 1e-9
+    assert math.isnan(per_run.loc["baseline", "paired p"]) and per_run.loc["baseline", "vs baseline"] == 0
+    assert 0 <= per_run.loc["separate-embeddings", "paired p"] <= 1  # the paired test against the same seed's baseline
+    assert per_run.loc["separate-embeddings", "vs baseline"] == (records["separate-embeddings"]["test"]["bleu"]
+                                                                 - records["baseline"]["test"]["bleu"])
+    def variant_with(name: str, chosen: list[str]) -> dict:  # a made-up run of the same seed, decoded as chosen
+        return {**records["separate-embeddings"], "variant": name,
+                "test_hypotheses": {**records["baseline"]["test_hypotheses"], "chosen": chosen}}
+
+    kept = records["baseline"]["test_hypotheses"]["chosen"]
+    stats = ablations.significance([records["baseline"], variant_with("pre-norm", [""] * len(kept))], references)
+    assert stats["pre-norm", 3]["p_value"] < 0.01  # nothing translated: a difference no resampling explains
+    assert stats["baseline", 3]["p_value"] is None and stats["pre-norm", 3]["mean"] == 0
+
     table = ablations.summary_table(ablations.read_records(out))
     assert list(table["variant"][:2]) == ["baseline", "separate-embeddings"]  # in VARIANTS' order
     row = table.set_index("variant").loc["baseline"]
