@@ -1,8 +1,10 @@
 """What each choice of the paper is worth: the translator trained again with one choice changed at a time.
 
-    python benchmarks/ablations.py --out benchmarks/results/ablations              # every variant, seeds 0 and 1
+    python benchmarks/ablations.py --out benchmarks/results/ablations/multi30k   # every variant, seeds 0 and 1
+    python benchmarks/ablations.py --preset multi30k-cpu --seeds 0 --stop-after 110 \
+        --out benchmarks/results/ablations/multi30k-cpu                               # the CPU sweep, in pieces
     python benchmarks/ablations.py --out DIR --variants baseline pre-norm --jobs 4  # some of them, 4 at a time
-    python benchmarks/ablations.py --summary benchmarks/results/ablations          # the table, from the records
+    python benchmarks/ablations.py --summary benchmarks/results/ablations/multi30k-cpu  # the tables, from the records
 
 Every run trains a German->English translator on Multi30k with chapter 8's train_translator, from the preset
 (default multi30k) with one variant's settings changed, for the preset's number of epochs: with one seed, every
@@ -433,8 +435,13 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
     if args.summary is not None:
         import pandas as pd
 
+        from transformer_lib.data import load_pairs
+
+        records = read_records(args.summary)
+        references = [en for _, en in load_pairs("multi30k", "test", "de", "en")]  # test2016, as the runs decoded it
         with pd.option_context("display.width", 200, "display.max_columns", None):
-            print(summary_table(read_records(args.summary)).round(2).to_string(index=False))
+            print(runs_table(records, references).round(3).to_string(index=False), end="\n\n")
+            print(summary_table(records).round(2).to_string(index=False))
         return 0
     if args.out is None:
         parser.error("give --out (a folder for the records), or --summary DIR")
