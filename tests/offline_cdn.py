@@ -12,10 +12,13 @@ environment variables at copies fetched with `npm pack` (.ci/run shows how) and 
 CONTRIBUTING.md, 'Interactive figures' says where the pages get this JavaScript.
 """
 
+import functools
 import json
 import mimetypes
 import os
 import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 CDN = "https://cdn.jsdelivr.net/npm/"
@@ -23,8 +26,60 @@ MATHJAX = os.environ.get("TRANSFORMER_BOOK_MATHJAX")
 VEGA = os.environ.get("TRANSFORMER_BOOK_VEGA")
 VEGA_PACKAGES = ("vega", "vega-lite", "vega-embed")
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+BUILD = Path(__file__).resolve().parent.parent / "book" / "_build"
+FETCHED = BUILD / "mathjax"  # where npm's MathJax is unpacked once, beside the build
+FETCHED_VEGA = BUILD / "vega"  # and Vega, Vega-Lite and Vega-Embed
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]  # headless, and quiet: no calls home
+
+
+@functools.cache
+def local_mathjax() -> str | None:
+    """A folder holding MathJax 3 (its es5/ bundle), served in place of the CDN copy the pages load, so that the maths
+    can be checked without internet: TRANSFORMER_BOOK_MATHJAX, else a copy fetched earlier or now with npm (a package
+    registry is reachable where the CDN may not be), else None."""
+    if os.environ.get("TRANSFORMER_BOOK_MATHJAX"):
+        return os.environ["TRANSFORMER_BOOK_MATHJAX"]
+    package = FETCHED / "package"
+    if not (package / "es5" / "tex-mml-chtml.js").is_file() and shutil.which("npm") and (BUILD / "html").is_dir():
+        try:
+            _npm_unpack("mathjax@3", FETCHED, "package")
+        except (OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
+            return None
+    return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
+
+
+def _npm_unpack(spec: str, folder: Path, name: str) -> None:
+    """npm pack SPEC in folder, unpacked into folder/name (npm's tarballs hold one folder, package/)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["npm", "pack", "--silent", spec], cwd=folder, check=True, timeout=180, capture_output=True)
+    tarball = max(folder.glob(f"{spec.split('@')[0].replace('/', '-')}-*.tgz"), key=lambda p: p.stat().st_mtime)
+    with tarfile.open(tarball) as archive:
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12 and later: refuse links and absolute paths
+            archive.extractall(folder / f".{name}", filter="data")
+        else:
+            archive.extractall(folder / f".{name}")  # noqa: S202 (npm's own tarball)
+    (folder / f".{name}" / "package").rename(folder / name)
+
+
+@functools.cache
+def local_vega() -> str | None:
+    """A folder holding vega/, vega-lite/ and vega-embed/ in the versions the installed Altair loads:
+    TRANSFORMER_BOOK_VEGA, else copies fetched earlier or now with npm, else None."""
+    if os.environ.get("TRANSFORMER_BOOK_VEGA"):
+        return os.environ["TRANSFORMER_BOOK_VEGA"]
+    names = ("vega", "vega-lite", "vega-embed")
+    if not all((FETCHED_VEGA / name / "package.json").is_file() for name in names) and shutil.which("npm"):
+        try:
+            import altair
+
+            versions = (altair.VEGA_VERSION, altair.VEGALITE_VERSION, altair.VEGAEMBED_VERSION)
+            for name, version in zip(names, versions):
+                if not (FETCHED_VEGA / name / "package.json").is_file():
+                    _npm_unpack(f"{name}@{version.lstrip('v')}", FETCHED_VEGA, name)
+        except (ImportError, OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
+            return None
+    return str(FETCHED_VEGA) if all((FETCHED_VEGA / name / "package.json").is_file() for name in names) else None
 
 
 def package_folder(name: str) -> Path | None:

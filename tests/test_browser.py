@@ -11,9 +11,6 @@ its own box. Screenshots of every page land in book/_build/screenshots for revie
 
 import functools
 import os
-import shutil
-import subprocess
-import tarfile
 import urllib.request
 from pathlib import Path
 
@@ -24,59 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "book" / "_build" / "html"
 SHOTS = ROOT / "book" / "_build" / "screenshots"
 CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
-FETCHED = ROOT / "book" / "_build" / "mathjax"  # where npm's MathJax is unpacked once, beside the build
-FETCHED_VEGA = ROOT / "book" / "_build" / "vega"  # and Vega, Vega-Lite and Vega-Embed
 MATHJAX_FIX = ("export TRANSFORMER_BOOK_MATHJAX=$(mkdir -p /tmp/mj && cd /tmp/mj && npm pack --silent mathjax@3 && "
                "tar xzf mathjax-*.tgz && pwd)/package")
-
-
-@functools.cache
-def local_mathjax() -> str | None:
-    """A folder holding MathJax 3 (its es5/ bundle), served in place of the CDN copy the pages load, so that the maths
-    can be checked without internet: TRANSFORMER_BOOK_MATHJAX, else a copy fetched earlier or now with npm (a package
-    registry is reachable where the CDN may not be), else None."""
-    if os.environ.get("TRANSFORMER_BOOK_MATHJAX"):
-        return os.environ["TRANSFORMER_BOOK_MATHJAX"]
-    package = FETCHED / "package"
-    if not (package / "es5" / "tex-mml-chtml.js").is_file() and shutil.which("npm") and HTML.is_dir():
-        try:
-            _npm_unpack("mathjax@3", FETCHED, "package")
-        except (OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
-            return None
-    return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
-
-
-def _npm_unpack(spec: str, folder: Path, name: str) -> None:
-    """npm pack SPEC in folder, unpacked into folder/name (npm's tarballs hold one folder, package/)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["npm", "pack", "--silent", spec], cwd=folder, check=True, timeout=180, capture_output=True)
-    tarball = max(folder.glob(f"{spec.split('@')[0].replace('/', '-')}-*.tgz"), key=lambda p: p.stat().st_mtime)
-    with tarfile.open(tarball) as archive:
-        if hasattr(tarfile, "data_filter"):  # Python 3.10.12 and later: refuse links and absolute paths
-            archive.extractall(folder / f".{name}", filter="data")
-        else:
-            archive.extractall(folder / f".{name}")  # noqa: S202 (npm's own tarball)
-    (folder / f".{name}" / "package").rename(folder / name)
-
-
-@functools.cache
-def local_vega() -> str | None:
-    """A folder holding vega/, vega-lite/ and vega-embed/ in the versions the installed Altair loads:
-    TRANSFORMER_BOOK_VEGA, else copies fetched earlier or now with npm, else None."""
-    if os.environ.get("TRANSFORMER_BOOK_VEGA"):
-        return os.environ["TRANSFORMER_BOOK_VEGA"]
-    names = ("vega", "vega-lite", "vega-embed")
-    if not all((FETCHED_VEGA / name / "package.json").is_file() for name in names) and shutil.which("npm"):
-        try:
-            import altair
-
-            versions = (altair.VEGA_VERSION, altair.VEGALITE_VERSION, altair.VEGAEMBED_VERSION)
-            for name, version in zip(names, versions):
-                if not (FETCHED_VEGA / name / "package.json").is_file():
-                    _npm_unpack(f"{name}@{version.lstrip('v')}", FETCHED_VEGA, name)
-        except (ImportError, OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
-            return None
-    return str(FETCHED_VEGA) if all((FETCHED_VEGA / name / "package.json").is_file() for name in names) else None
 
 
 @functools.cache
@@ -94,6 +40,7 @@ def mathjax_missing() -> str | None:
 
 import colab
 import offline_cdn
+from offline_cdn import local_mathjax, local_vega
 
 
 def serve_offline(page) -> list[str]:

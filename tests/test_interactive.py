@@ -26,10 +26,17 @@ pytestmark = [
     pytest.mark.skipif(offline_cdn.CHROMIUM is None,
                        reason="Chromium is not installed (Debian: apt-get install chromium)"),
     pytest.mark.skipif(not PAGE.is_file(), reason="chapter 4 is not built: run `jupyter-book build book`"),
-    pytest.mark.skipif(not (offline_cdn.VEGA and offline_cdn.MATHJAX),
-                       reason="TRANSFORMER_BOOK_VEGA and TRANSFORMER_BOOK_MATHJAX must name local npm copies of Vega "
-                              "and MathJax (.ci/run shows how, with `npm pack`): this test lets no request through"),
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def local_copies():
+    """The local npm copies of MathJax and Vega the pages' CDN requests are answered from: TRANSFORMER_BOOK_MATHJAX
+    and TRANSFORMER_BOOK_VEGA, or the copies the browser tests fetched (or fetch now) with npm beside the build."""
+    offline_cdn.MATHJAX, offline_cdn.VEGA = offline_cdn.local_mathjax(), offline_cdn.local_vega()
+    if not (offline_cdn.MATHJAX and offline_cdn.VEGA):
+        pytest.skip("no local copies of Vega and MathJax: set TRANSFORMER_BOOK_VEGA and TRANSFORMER_BOOK_MATHJAX "
+                    "(.ci/run shows how, with `npm pack`), or let npm fetch them: this test lets no request through")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 
 # Messages every page of the book logs, whatever its figures: sphinx-thebe 0.3 writes its settings script twice
