@@ -7,6 +7,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,14 @@ def attention_additive_bias(q, k, v, mask=None):  # a finite bias, then masked w
     return weights @ v, weights
 
 
+def attention_masked_after_softmax(q, k, v, mask=None):  # a softmax over all the keys, then masked and renormalised
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+    if mask is not None:
+        weights = weights * mask
+        weights = (weights / weights.sum(-1, keepdim=True)).nan_to_num(0.0)  # a row with no allowed key: 0/0 -> 0
+    return weights @ v, weights
+
+
 def attention_bias_not_zeroed(q, k, v, mask=None):  # -1e9 added and nothing else: empty rows come out uniform
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
@@ -115,6 +124,17 @@ def attention_output_not_zeroed(q, k, v, mask=None):  # weights zeroed, output c
 
 def _added_mask(q, k, v, mask):  # the boolean mask added as 0/1 instead of turned into a bias
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + mask.float(), dim=-1)
+    return weights @ v, weights
+
+
+def attention_exp_without_max(q, k, v, mask=None):  # exp(s) / sum exp(s): overflows for scores above about 88
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + torch.where(mask, 0.0, torch.finfo(scores.dtype).min)
+    e = torch.exp(scores)
+    weights = e / e.sum(dim=-1, keepdim=True)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # a row with no allowed key: 0/0 -> 0
     return weights @ v, weights
 
 
@@ -187,6 +207,43 @@ def blockwise(q, k, v, block_size, rescale=True, divide=True, scale=True, skip_l
     return (out / total if divide else out) + add
 
 
+def blockwise_two_passes(q, k, v, block_size):  # a first pass finds each row's maximum, a second sums with it
+    starts = range(0, k.size(-2), block_size)
+    scale = q.size(-1) ** -0.5
+    m = torch.stack([(q @ k[..., s : s + block_size, :].mT * scale).amax(-1) for s in starts]).amax(0)[..., None]
+    total, out = 0.0, 0.0
+    for s in starts:
+        p = torch.exp(q @ k[..., s : s + block_size, :].mT * scale - m)
+        total, out = total + p.sum(-1, keepdim=True), out + p @ v[..., s : s + block_size, :]
+    return out / total
+
+
+def blockwise_log_sum_exp(q, k, v, block_size):  # a softmax per block, the blocks combined by their log-sum-exp
+    lse, out = torch.full((*q.shape[:-1], 1), float("-inf")), torch.zeros(*q.shape[:-1], v.size(-1))
+    for s in range(0, k.size(-2), block_size):
+        scores = q @ k[..., s : s + block_size, :].transpose(-2, -1) / math.sqrt(q.size(-1))
+        block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        new = torch.logaddexp(lse, block_lse)
+        out = out * torch.exp(lse - new) + torch.softmax(scores, -1) @ v[..., s : s + block_size, :] * torch.exp(
+            block_lse - new)
+        lse = new
+    return out
+
+
+def blockwise_in_place_without_grad(q, k, v, block_size):  # under torch.no_grad(), m, l and o updated in place
+    with torch.no_grad():
+        m = torch.full((*q.shape[:-1], 1), -math.inf)
+        total, out = torch.zeros_like(m), torch.zeros(*q.shape[:-1], v.size(-1))
+        for k_block, v_block in zip(k.split(block_size, dim=-2), v.split(block_size, dim=-2)):
+            scores = torch.einsum("bhqd,bhkd->bhqk", q, k_block) / math.sqrt(q.size(-1))
+            m_new = torch.maximum(m, scores.max(dim=-1, keepdim=True).values)
+            p, factor = (scores - m_new).exp(), (m - m_new).exp()
+            total.mul_(factor).add_(p.sum(dim=-1, keepdim=True))
+            out.mul_(factor).add_(p @ v_block)
+            m = m_new
+        return out / total
+
+
 def bpe_without_end_marker(word, merges):  # starts from the letters alone
     symbols = list(word)
     for left, right in merges:
@@ -221,6 +278,38 @@ def blockwise_then_full_softmax(q, k, v, block_size):  # scores block by block, 
     scores = torch.cat([q @ k[..., s : s + block_size, :].transpose(-2, -1) for s in range(0, k.size(-2), block_size)],
                        dim=-1) / math.sqrt(q.size(-1))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def blockwise_float64_without_running_max(q, k, v, block_size):  # raw exp in float64: overflows above about 709
+    q, k, v = q.double(), k.double(), v.double()
+    total, out = 0.0, 0.0
+    for start in range(0, k.size(-2), block_size):
+        p = (q @ k[..., start : start + block_size, :].transpose(-2, -1) / math.sqrt(q.size(-1))).exp()
+        total, out = total + p.sum(-1, keepdim=True), out + p @ v[..., start : start + block_size, :]
+    return (out / total).float()
+
+
+def attention_keys_first(q, k, v, block_size):  # all the scores at once, laid out (B, h, T_k, T_q)
+    weights = torch.softmax(torch.einsum("bhkd,bhqd->bhkq", k, q) / math.sqrt(q.size(-1)), dim=-2)
+    return torch.einsum("bhkq,bhkd->bhqd", weights, v)
+
+
+def attention_query_by_query(q, k, v, block_size, queries=1):  # blocks of queries, each against all the keys
+    rows = []
+    for i in range(0, q.size(-2), queries):
+        scores = q[..., i : i + queries, :] @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, queries, T_k)
+        rows.append(torch.softmax(scores, dim=-1) @ v)
+    return torch.cat(rows, dim=-2)
+
+
+def attention_in_numpy(q, k, v, block_size, how="detach"):  # full attention in NumPy, out of PyTorch's sight
+    if how == "flat lists":  # a list of numbers per tensor, rebuilt in NumPy
+        q, k, v = (np.array(t.detach().flatten().tolist()).reshape(tuple(t.shape)) for t in (q, k, v))
+    else:
+        q, k, v = (np.asarray(t.detach() if how == "detach" else t, dtype=np.float64) for t in (q, k, v))
+    scores = q @ k.swapaxes(-2, -1) / np.sqrt(q.shape[-1])
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return torch.from_numpy(weights / weights.sum(-1, keepdims=True) @ v).float()
 
 
 def parameter_count(cfg, final_norms=True, tie=True, share=True, tables=2, attention_bias=True, ln=2):
@@ -330,10 +419,11 @@ CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
     "grade_sinusoidal_encoding": [sinusoidal_log_space, sinusoidal_float64],
-    "grade_attention": [attention, attention_additive_bias],
+    "grade_attention": [attention, attention_additive_bias, attention_masked_after_softmax],
     "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
     "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
-    "grade_blockwise_attention": [blockwise],
+    "grade_blockwise_attention": [blockwise, blockwise_two_passes, blockwise_log_sum_exp,
+                                  blockwise_in_place_without_grad],
     "grade_parameter_count": [parameter_count, parameter_count_by_parts],
     "grade_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
     "grade_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
@@ -478,6 +568,9 @@ MUTANTS = {
         ("a 0/1 mask added to the scores", lambda q, k, v, mask=None: attention(q, k, v) if mask is None
          else _added_mask(q, k, v, mask),
          r"Likely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, which the mask forbids"),
+        ("a softmax without its maximum subtracted", attention_exp_without_max,
+         r"scores of a few hundred.*\): item 0 \(output\): your result contains NaN.*\nLikely cause: the softmax "
+         r"takes exp of the raw scores.*subtract each row's maximum before exp"),
     ],
     "grade_packed_mask": [
         ("sentences ignored", lambda segments: ((segments != 0)[:, None, :] & square(segments.size(1)).tril())[:, None],
@@ -526,9 +619,9 @@ MUTANTS = {
         ("a softmax per block, summed", lambda q, k, v, block_size: sum(
             torch.softmax(q @ k[..., s : s + block_size, :].transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
             @ v[..., s : s + block_size, :] for s in range(0, k.size(-2), block_size)),
-         r"case 1 of 8 \(the last block is shorter .*\): \d+ of 320 values differ"),
+         r"case 1 of 9 \(the last block is shorter .*\): \d+ of 320 values differ"),
         ("no running maximum", blockwise_without_running_max,
-         r"case 7 of 8 \(scores of several hundred.*\): your result contains NaN.*\n"
+         r"case 7 of 9 \(scores of several hundred.*\): your result contains NaN.*\n"
          r"Likely cause: the exponentials are taken of the raw scores, without subtracting the running maximum"),
         ("full attention from the library", lambda q, k, v, block_size: tl.scaled_dot_product_attention(q, k, v)[0],
          r"the blocks check .*: your function made a tensor of shape \(1, 2, 5, 12\), scores or weights of all 12 "
@@ -538,6 +631,27 @@ MUTANTS = {
          r"12 keys at once"),
         ("blocks, then all the scores again", blockwise_then_full_softmax,
          r"the blocks check .*: your function made a tensor of shape \(1, 2, 5, 12\)"),
+        ("no running maximum, in float64", blockwise_float64_without_running_max,
+         r"case 8 of 9 \(scores of a few thousand.*\): your result contains NaN.*\n"
+         r"Likely cause: the exponentials are taken of the raw scores, without subtracting the running maximum"),
+        ("all the scores at once, keys first", attention_keys_first,
+         r"the blocks check .*: your function made a tensor of shape \(1, 2, 12, 5\), scores or weights of all 12 "
+         r"keys"),
+        ("one query at a time against all the keys", attention_query_by_query,
+         r"the blocks check .*: your function made a tensor of shape \(1, 2, 1, 12\), scores or weights of all 12 "
+         r"keys"),
+        ("blocks of queries against all the keys",
+         lambda q, k, v, block_size: attention_query_by_query(q, k, v, block_size, queries=block_size),
+         r"the blocks check .*: your function made a tensor of shape \(1, 2, 4, 12\), scores or weights of all 12 "
+         r"keys"),
+        ("full attention in NumPy", attention_in_numpy,
+         r"the blocks check .*: your function left PyTorch"),
+        ("full attention in NumPy, without detach", lambda q, k, v, block_size: attention_in_numpy(
+            q, k, v, block_size, how="no detach"), r"the blocks check .*: your function left PyTorch \(it turned a "
+         r"tensor of shape \(1, 2, 5, 8\) into a NumPy array"),
+        ("full attention in NumPy, through flat lists", lambda q, k, v, block_size: attention_in_numpy(
+            q, k, v, block_size, how="flat lists"), r"the blocks check .*: your function left PyTorch \(its output "
+         r"does not come from q, k and v through torch operations\)"),
         ("off by a small constant", lambda q, k, v, block_size: blockwise(q, k, v, block_size, add=1e-3),
          r"Every value you return is the expected one plus 0\.001"),
     ],

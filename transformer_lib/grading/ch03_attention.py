@@ -57,6 +57,12 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
     output, weights = received
     if weights.shape != expected[1].shape or not weights.dtype.is_floating_point:
         return None
+    q, k = case["q"].double(), case["k"].double()
+    top = (q @ k.transpose(-2, -1)).max().item() / math.sqrt(q.size(-1))
+    if top > 88 and not (torch.isfinite(output).all() and torch.isfinite(weights).all()):
+        return (f"Likely cause: the softmax takes exp of the raw scores: in float32 exp overflows to inf above about "
+                f"88 (these scores reach {top:.0f}), and inf / inf is NaN. As in this chapter's first exercise, "
+                f"subtract each row's maximum before exp (torch.softmax does it for you).")
     mask = case.get("mask")
     if mask is not None:
         empty = ~mask.expand(weights.shape).any(dim=-1)  # (..., T_q): rows with no allowed key
@@ -98,6 +104,17 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=g)
 
+    def one_winner(batch: int, t_q: int, t_k: int, d_k: int, spread: float, lead: float = 20.0) -> dict:
+        """q, k, v drawn again until each query's best score leads the next by lead: its weight is 1 to within
+        exp(-lead), so float32's rounding of scores in the hundreds (3e-5) does not show in the result."""
+        for _ in range(100):
+            case = {"q": spread * randn(batch, t_q, d_k), "k": spread * randn(batch, t_k, d_k),
+                    "v": randn(batch, t_k, d_k)}
+            top = (case["q"].double() @ case["k"].double().transpose(-2, -1)).topk(2, dim=-1).values
+            if (top[..., 0] - top[..., 1]).min() >= lead * math.sqrt(d_k):
+                break
+        return case
+
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]  # (1, 1, 6, 6): key j <= query i
     padding = torch.rand(2, 1, 1, 7, generator=g) > 0.5  # (B, 1, 1, T_k): random padding-like mask
     padding[..., 0] = True  # every query keeps at least one key
@@ -113,6 +130,8 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
         ("T_q != T_k and d_v != d_k", {"q": randn(2, 3, 16), "k": randn(2, 7, 16), "v": randn(2, 7, 4)}),
         ("a single key", {"q": randn(1, 4, 8), "k": randn(1, 1, 8), "v": randn(1, 1, 8)}),
         ("a single query", {"q": randn(3, 1, 4), "k": randn(3, 6, 4), "v": randn(3, 6, 4)}),
+        ("scores of a few hundred, beyond float32's exp (which overflows above about 88)",
+         one_winner(2, 4, 6, 8, spread=15.0)),
         ("a causal mask over 4 heads",
          {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 8), "mask": causal}),
         ("a padding mask, T_q != T_k",

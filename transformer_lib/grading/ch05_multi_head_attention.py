@@ -2,6 +2,7 @@
 the output, and attention computed block by block."""
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -99,55 +100,107 @@ def _online_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, rescale:
 
 
 class _Watch(TorchFunctionMode):
-    """Record, during a call, the shapes of every tensor made and the keys handed to a fused attention kernel."""
+    """Record, during a call, the shapes of the floating-point tensors made, the keys handed to a fused attention
+    kernel, the tensors of two or more dimensions turned into NumPy arrays or lists, and whether autograd was off."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shapes: list[tuple[int, ...]] = []
         self.fused_keys: list[int] = []
+        self.exported: list[tuple[int, ...]] = []
+        self.grad_off = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
+        self.grad_off = self.grad_off or not torch.is_grad_enabled()
         if func is torch.nn.functional.scaled_dot_product_attention:
             key = kwargs.get("key", args[1] if len(args) > 1 else None)
             if isinstance(key, Tensor):
                 self.fused_keys.append(key.size(-2))
+        if func in (Tensor.numpy, Tensor.__array__, Tensor.tolist) and args and isinstance(args[0], Tensor):
+            if args[0].dim() >= 2:  # e.g. q.numpy(); a list of block starts, arange(...).tolist(), is fine
+                self.exported.append(tuple(args[0].shape))
         result = func(*args, **kwargs)
         for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, Tensor):
+            if isinstance(item, Tensor) and item.dtype.is_floating_point:
                 self.shapes.append(tuple(item.shape))
         return result
 
 
+def _leaves(output: Tensor) -> list[Tensor]:
+    """The tensors that output's autograd history starts from (without running backward)."""
+    found, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # an AccumulateGrad node: a leaf that requires grad
+            found.append(node.variable)
+        stack.extend(child for child, _ in node.next_functions)
+    return found
+
+
 def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
-    """Refuse an answer that holds the scores of all keys at once (e.g. one that calls full attention)."""
-    t_q, t_k, block_size = 5, 12, 4
+    """Refuse an answer that holds the scores of all keys at once (e.g. one that calls full attention, or loops over
+    the queries instead of the keys) or computes outside PyTorch (e.g. in NumPy)."""
+    batch, heads, t_q, t_k, d_k, block_size = 1, 2, 5, 12, 8, 4  # T_k = 12 is none of the other sizes
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, t, 8, generator=g) for t in (t_q, t_k, t_k))  # v's width 8 is not 5 or 12
+    q, k, v = (torch.randn(batch, heads, t, d_k, generator=g).requires_grad_() for t in (t_q, t_k, t_k))
     watch = _Watch()
+    output = None
     try:
-        with watch:
-            fn(q=q, k=k, v=v, block_size=block_size)
+        with watch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. .item() of a tensor that requires grad: fine here
+            output = fn(q=q, k=k, v=v, block_size=block_size)
     except NotImplementedError:  # the untouched stub: the value checks that follow say so in one line
         return
-    except Exception:  # a crash is reported, with its input, by the value checks that follow
-        return
+    except Exception:  # a crash is reported, with its input, by the value checks that follow (unless it left torch)
+        pass
     again = f"\n(To run these same inputs again: grade_blockwise_attention({_name_of(fn)}, seed={seed}).)"
     where = (f"{_name_of(fn)}, the blocks check (q: shape {tuple(q.shape)}, k and v: shape {tuple(k.shape)}, "
              f"block_size={block_size})")
+    loop = ("the point of the exercise is never to hold more than one block of scores, (..., T_q, block_size): "
+            "loop over k[..., start:start + block_size, :] and fold each block into the running m, l and o.")
     if any(size > block_size for size in watch.fused_keys):
         raise ExerciseGradeError(
             f"{where}: your function called torch.nn.functional.scaled_dot_product_attention on all {t_k} keys at "
             f"once. Its output may be right, but the exercise is to compute attention yourself, one block of "
             f"{block_size} keys at a time: loop over k[..., start:start + block_size, :] and fold each block into "
             f"the running m, l and o.{again}")
-    full = [shape for shape in watch.shapes if shape[-2:] == (t_q, t_k)]
-    if full:
+    full = [shape for shape in watch.shapes if t_k in shape and t_q in shape]
+    if full:  # (..., T_q, T_k) or (..., T_k, T_q): all the scores, in any layout
         raise ExerciseGradeError(
             f"{where}: your function made a tensor of shape {full[0]}, scores or weights of all {t_k} keys for "
             f"each of the {t_q} queries at once, with blocks of {block_size} keys. Its output may be right, but "
-            f"the point of the exercise is never to hold more than one block of scores, (..., T_q, block_size): "
-            f"loop over k[..., start:start + block_size, :] and fold each block into the running m, l and o.{again}")
+            f"{loop}{again}")
+    rows = [shape for shape in watch.shapes if t_k in shape and d_k not in shape]  # keys and values keep d_k
+    if rows:
+        raise ExerciseGradeError(
+            f"{where}: your function made a tensor of shape {rows[0]}, scores or weights of all {t_k} keys at once "
+            f"for some of the queries, with blocks of {block_size} keys: a loop over the queries does not help, "
+            f"the loop must run over the keys. Its output may be right, but {loop}{again}")
+    history = isinstance(output, Tensor) and not watch.grad_off  # under torch.no_grad() there is none to follow
+    if watch.exported or (history and not all(any(leaf is x for leaf in _leaves(output)) for x in (q, k, v))):
+        how = (f"it turned a tensor of shape {watch.exported[0]} into a NumPy array or a list" if watch.exported
+               else "its output does not come from q, k and v through torch operations")
+        raise ExerciseGradeError(
+            f"{where}: your function left PyTorch ({how}), e.g. through NumPy, where the check cannot see the "
+            f"tensors it makes: write it with torch operations.{again}")
+
+
+def _blockwise_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
+    """Name an overflow of exp: an answer that is not finite where the reference is, on scores beyond exp's range."""
+    if not (isinstance(received, Tensor) and received.shape == expected.shape) or torch.isfinite(received).all():
+        return None
+    q, k = case["q"].double(), case["k"].double()
+    top = (q @ k.transpose(-2, -1)).max().item() / math.sqrt(q.size(-1))
+    if not torch.isfinite(expected).all() or top < 88:
+        return None
+    return (f"Likely cause: the exponentials are taken of the raw scores, without subtracting the running maximum m: "
+            f"exp overflows to inf above about 88 in float32 and about 709 in float64 (these scores reach {top:.0f}), "
+            f"and inf / inf is NaN. Keep the largest score seen so far and use exp(s - m_new), rescaling l and o by "
+            f"exp(m - m_new) when it grows.")
 
 
 def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None) -> None:
@@ -158,6 +211,16 @@ def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
         return {"q": spread * torch.randn(batch, heads, t_q, d_k, generator=g),
                 "k": spread * torch.randn(batch, heads, t_k, d_k, generator=g),
                 "v": torch.randn(batch, heads, t_k, d_k, generator=g)}
+
+    def one_winner(*sizes: int, spread: float, lead: float = 20.0) -> dict:
+        """qkv(*sizes, spread) drawn again until each query's best score leads the next by lead: its weight is 1 to
+        within exp(-lead), so float32's rounding of scores in the thousands (2e-4) does not show in the output."""
+        for _ in range(100):
+            case = qkv(*sizes, spread)
+            top = (case["q"].double() @ case["k"].double().transpose(-2, -1)).topk(2, dim=-1).values
+            if (top[..., 0] - top[..., 1]).min() >= lead * math.sqrt(sizes[-1]):
+                break
+        return case
 
     t_k = _randint(1, 20, g)
     cases = [
@@ -170,6 +233,8 @@ def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
          {**qkv(1, 4, 10, 12, 8, 4.0), "block_size": 5}),
         ("scores of several hundred, beyond float32's exp (which overflows above about 88)",
          {**qkv(1, 2, 6, 9, 8, 12.0), "block_size": 3}),
+        ("scores of a few thousand, beyond even float64's exp (which overflows above about 709)",
+         {**one_winner(1, 2, 5, 10, 8, spread=40.0), "block_size": 4}),
         ("a random size", {**qkv(_randint(1, 3, g), _randint(1, 4, g), _randint(1, 8, g), t_k, 8),
                            "block_size": _randint(1, t_k, g)}),
     ]
@@ -193,4 +258,4 @@ def grade_blockwise_attention(fn: Callable[..., Tensor], seed: int | None = None
     _refuse_full_scores(fn, seed)
     _run("grade_blockwise_attention", fn,
          lambda q, k, v, block_size: scaled_dot_product_attention(q, k, v)[0], cases, seed, atol=2e-5, rtol=1e-4,
-         hints=hints)
+         hints=hints, diagnose=_blockwise_diagnosis)
