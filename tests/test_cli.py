@@ -480,3 +480,11 @@ def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_ch
     assert result.returncode == 0, result.stderr
     assert "decoding.json (chosen on the validation split)" in result.stderr
     assert f"BLEU = {chosen['validation']['bleu']:.2f}" in result.stdout  # the same weights, beam and alpha
+
+    # A quick trial chooses on the first sentences only, and says so (decoding.json keeps how many)
+    result = cli("choose", "--checkpoint", str(run), "--beam", "2", "--alpha", "1.0", "--max-len", "30", "--limit",
+                 "150")
+    assert result.returncode == 0 and "the first 150 of 1,014 sentences" in result.stdout, result.stderr
+    assert json.loads((run / "decoding.json").read_text(encoding="utf-8"))["validation"]["sentences"] == 150
+    result = cli("choose", "--checkpoint", str(run), "--limit", "99")
+    assert result.returncode == 2 and "argument --limit: expected an integer >= 100" in result.stderr

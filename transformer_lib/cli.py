@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                         % (MAX_BEAM, DEFAULT_DECODING["beam_size"]))
     choose.add_argument("--alpha", type=alpha_value, nargs="+", default=list(CHOOSE_ALPHAS),
                         help="length-penalty exponents to try (default: %(default)s)")
+    choose.add_argument("--limit", type=_integer_at_least(100, "an integer >= 100 (BLEU on fewer sentences is noise)"),
+                        help="decode only the first N validation sentences (a quick trial; the choice is then made "
+                             "on those, and decoding.json says on how many)")
     choose.add_argument("--average", type=positive_int, nargs="+",
                         help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
                              "every epoch the run keeps)")
@@ -584,8 +587,10 @@ def cmd_choose(args: argparse.Namespace) -> int:
     tried = []
     with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
         pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
-        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-        print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: {len(sources):,} sentences, "
+        used = pairs[: args.limit]  # all of them without --limit
+        sources, references = [s for s, _ in used], [t for _, t in used]
+        print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: "
+              f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences, "
               f"beam {beam}; {len(averages) * len(alphas)} decodings", flush=True)
         for average_last in averages:
             model, tokenizer = load_translator(checkpoint, args.device, average_last=average_last)
