@@ -127,9 +127,6 @@ def test_every_figure_sits_on_an_opaque_light_panel():
     assert figures.PANEL == "#ffffff" and figures.INK == "#1f1f1f"
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_drawing_into_a_file_or_a_link_is_refused(tmp_path, capsys):
     (tmp_path / "file").write_text("mine", encoding="utf-8")
@@ -139,3 +136,7 @@ def test_drawing_into_a_file_or_a_link_is_refused(tmp_path, capsys):
             figures.main(["--out", str(tmp_path / name)])
         assert stop.value.code == 2 and "is a file or a link" in capsys.readouterr().err
     assert (tmp_path / "file").read_text(encoding="utf-8") == "mine"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
