@@ -67,58 +67,77 @@ def ids_from_embeddings_by_expansion(vectors, weight):  # |x - w|^2 = |x|^2 - 2 
     return scores.argmax(dim=-1)
 
 
-def sinusoidal_log_space(positions, d_model):  # float32 all the way, frequencies as exp(-(2i/d) ln 10000)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
-    omega = torch.exp(-(two_i / d_model) * math.log(10000.0))  # (d_model/2,)
-    angle = positions.float()[..., None] * omega  # (..., d_model/2)
-    pe = torch.empty(*positions.shape, d_model)
-    pe[..., 0::2] = angle.sin()
-    pe[..., 1::2] = angle.cos()
-    return pe
+def shift_encoding(pe, k):  # each pair (s, c) -> (s cos + c sin, c cos - s sin), in float64
+    d_model = pe.size(-1)
+    angle = k * 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
+    s, c = pe[..., 0::2].double(), pe[..., 1::2].double()
+    out = torch.empty(pe.shape, dtype=torch.float64)
+    out[..., 0::2] = s * angle.cos() + c * angle.sin()
+    out[..., 1::2] = c * angle.cos() - s * angle.sin()
+    return out.to(pe.dtype)
 
 
-def sinusoidal_float64(positions, d_model):  # the power form in float64, stacked and flattened
-    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    angle = positions.double().unsqueeze(-1) * omega
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()
+def shift_encoding_as_complex(pe, k):  # a pair as cos + i sin, times e^(i k omega): float32 all the way
+    d_model = pe.size(-1)
+    omega = torch.exp(-torch.arange(0, d_model, 2).float() / d_model * math.log(10000.0))  # (d_model/2,)
+    z = torch.complex(pe[..., 1::2], pe[..., 0::2]) * torch.polar(torch.ones_like(omega), k * omega)
+    return torch.stack([z.imag, z.real], dim=-1).flatten(-2)
 
 
-def attention(q, k, v, mask=None, divisor=None, dim=-1, fill=float("-inf"), invert=False):
+def attention(q, k, v, mask=None, bias=None, divisor=None, dim=-1, fill=float("-inf"), invert=False):
     scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if divisor is None else divisor(q.size(-1)))
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(mask if invert else ~mask, fill)
     weights = torch.softmax(scores, dim=dim).nan_to_num(0.0)  # a row with no allowed key: 0/0 -> 0
     return weights @ v, weights
 
 
-def attention_additive_bias(q, k, v, mask=None):  # a finite bias, then masked weights set to 0 after the softmax
+def attention_additive_bias(q, k, v, mask=None, bias=None):  # one finite float term, masked weights set to 0 after
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
-        scores = scores + torch.where(mask, 0.0, torch.finfo(scores.dtype).min)
+        mask_term = torch.where(mask, 0.0, torch.finfo(scores.dtype).min)
+        bias = mask_term if bias is None else bias + mask_term
+    if bias is not None:
+        scores = scores + bias
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
         weights = weights * mask
     return weights @ v, weights
 
 
-def attention_masked_after_softmax(q, k, v, mask=None):  # a softmax over all the keys, then masked and renormalised
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+def attention_masked_after_softmax(q, k, v, mask=None, bias=None):  # a softmax over all keys, then masked, renormalised
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
     if mask is not None:
         weights = weights * mask
         weights = (weights / weights.sum(-1, keepdim=True)).nan_to_num(0.0)  # a row with no allowed key: 0/0 -> 0
     return weights @ v, weights
 
 
-def attention_bias_not_zeroed(q, k, v, mask=None):  # -1e9 added and nothing else: empty rows come out uniform
+def attention_bias_as_factor(q, k, v, mask=None, bias=None):  # softmax(s + b) is softmax(s) times e^b, renormalised
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+    if bias is not None:
+        weights = weights * (bias - bias.amax(dim=-1, keepdim=True)).exp()  # e^(b - max b) <= 1: no overflow
+    if mask is not None:
+        weights = weights * mask
+    weights = (weights / weights.sum(-1, keepdim=True)).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def attention_bias_not_zeroed(q, k, v, mask=None, bias=None):  # -1e9 added, nothing else: empty rows come out uniform
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores + (~mask).float() * -1e9
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
 
 
-def attention_output_not_zeroed(q, k, v, mask=None):  # weights zeroed, output computed before that
-    output, weights = attention_bias_not_zeroed(q, k, v, mask)
+def attention_output_not_zeroed(q, k, v, mask=None, bias=None):  # weights zeroed, output computed before that
+    output, weights = attention_bias_not_zeroed(q, k, v, mask, bias)
     return output, weights if mask is None else weights * mask
 
 
@@ -127,8 +146,10 @@ def _added_mask(q, k, v, mask):  # the boolean mask added as 0/1 instead of turn
     return weights @ v, weights
 
 
-def attention_exp_without_max(q, k, v, mask=None):  # exp(s) / sum exp(s): overflows for scores above about 88
+def attention_exp_without_max(q, k, v, mask=None, bias=None):  # exp(s) / sum exp(s): overflows for scores above 88
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores + torch.where(mask, 0.0, torch.finfo(scores.dtype).min)
     e = torch.exp(scores)
@@ -138,11 +159,51 @@ def attention_exp_without_max(q, k, v, mask=None):  # exp(s) / sum exp(s): overf
     return weights @ v, weights
 
 
-def attention_nan_rows(q, k, v, mask=None):  # -inf and no repair: 0/0 on a row with no allowed key
+def attention_nan_rows(q, k, v, mask=None, bias=None):  # -inf and no repair: 0/0 on a row with no allowed key
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
+    return weights @ v, weights
+
+
+def attention_bias_before_scaling(q, k, v, mask=None, bias=None):  # (q k^T + bias) / sqrt(d_k)
+    scores = q @ k.transpose(-2, -1)
+    if bias is not None:
+        scores = scores + bias
+    return attention_from_scores(scores / math.sqrt(q.size(-1)), v, mask)
+
+
+def attention_bias_with_mask_only(q, k, v, mask=None, bias=None):  # the bias folded into the mask's branch
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + (0.0 if bias is None else bias)
+    return attention_from_scores(scores, v, mask)
+
+
+def attention_bias_into_mask_in_place(q, k, v, mask=None, bias=None):  # writes the mask into the caller's bias
+    if bias is not None and mask is not None:
+        bias.masked_fill_(~mask, torch.finfo(bias.dtype).min)  # broadcasts over the bias when the shapes allow
+    return attention(q, k, v, mask, bias)
+
+
+def attention_bias_on_weights(q, k, v, mask=None, bias=None):  # the bias added after the softmax, renormalised
+    weights = attention(q, k, v, mask)[1]
+    if bias is not None:
+        weights = (weights + bias.softmax(dim=-1)) / 2
+        if mask is not None:
+            weights = weights * mask
+    return weights @ v, weights
+
+
+def attention_from_scores(scores, v, mask):  # the chapter's masking on given scores
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
     return weights @ v, weights
 
 
@@ -418,8 +479,8 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
 CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
-    "grade_sinusoidal_encoding": [sinusoidal_log_space, sinusoidal_float64],
-    "grade_attention": [attention, attention_additive_bias, attention_masked_after_softmax],
+    "grade_sinusoidal_encoding": [shift_encoding, shift_encoding_as_complex],
+    "grade_attention": [attention, attention_additive_bias, attention_masked_after_softmax, attention_bias_as_factor],
     "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
     "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
     "grade_blockwise_attention": [blockwise, blockwise_two_passes, blockwise_log_sum_exp,
@@ -441,35 +502,52 @@ def square(size, dtype=torch.bool):
     return torch.ones(size, size, dtype=dtype)
 
 
-def attention_scaling_q_in_place(q, k, v, mask=None):
+def attention_scaling_q_in_place(q, k, v, mask=None, bias=None):
     q /= math.sqrt(q.size(-1))  # changes the caller's tensor
-    return attention(q, k, v, mask, divisor=lambda d_k: 1.0)
+    return attention(q, k, v, mask, bias, divisor=lambda d_k: 1.0)
 
 
-def sinusoidal_exp_form_without_minus(max_len, d_model):
-    div = torch.exp(torch.arange(0, d_model, 2).float() * (math.log(10000.0) / d_model))  # should be -log(10000)
-    angle = torch.outer(torch.arange(max_len).float(), div)  # (max_len, d_model/2)
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(max_len, d_model)
+def _frequencies(d_model, exponent=2.0, sign=-1.0):  # 10000^(sign * exponent * i / d_model), i counting pairs
+    return 10000.0 ** (sign * exponent * torch.arange(d_model // 2).float() / d_model)
 
 
-def sinusoidal_base_1000(max_len, d_model):
-    angle = torch.outer(torch.arange(max_len).double(), 1000.0 ** (-torch.arange(0, d_model, 2).double() / d_model))
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(max_len, d_model).float()
+def shift_textbook_rotation(pe, k):  # [[cos, -sin], [sin, cos]] applied to the pair as if it were (x, y)
+    angle = k * _frequencies(pe.size(-1))
+    x, y = pe[..., 0::2], pe[..., 1::2]
+    return torch.stack([x * angle.cos() - y * angle.sin(), x * angle.sin() + y * angle.cos()], dim=-1).flatten(-2)
 
 
-def sinusoidal_without_minus(positions, d_model):  # exp(+(2i/d) ln 10000)
-    omega = torch.exp(torch.arange(0, d_model, 2).float() / d_model * math.log(10000.0))
-    angle = positions.float()[..., None] * omega
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+def shift_rotate_half(pe, k):  # dimension j paired with j + d_model/2, the layout of some RoPE code
+    half = pe.size(-1) // 2
+    angle = k * _frequencies(pe.size(-1))
+    s, c = pe[..., :half], pe[..., half:]
+    return torch.cat([s * angle.cos() + c * angle.sin(), c * angle.cos() - s * angle.sin()], dim=-1)
 
 
-def _sinusoidal_base(positions, d_model, base):  # frequencies base^(-2i/d_model), in float32
-    omega = torch.pow(torch.tensor(float(base)), -torch.arange(0, d_model, 2).float() / d_model)
-    angle = positions.float()[..., None] * omega
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+def shift_with_frequencies(pe, k, **frequency):  # the right rotation with other frequencies
+    angle = k * _frequencies(pe.size(-1), **frequency)
+    s, c = pe[..., 0::2], pe[..., 1::2]
+    return torch.stack([s * angle.cos() + c * angle.sin(), c * angle.cos() - s * angle.sin()], dim=-1).flatten(-2)
 
 
-def attention_without_normalising(q, k, v, mask=None):
+def shift_by_reencoding(pe, k):  # finds each row in the table and looks up the row k further on
+    table = tl.sinusoidal_encoding(400, pe.size(-1))
+    p = torch.cdist(pe.reshape(-1, pe.size(-1)), table[:300]).argmin(dim=-1)
+    return table[p + k].view(pe.shape)
+
+
+def shift_angle_only(pe, k):  # the angle of each pair moved on, its length forgotten
+    theta = torch.atan2(pe[..., 0::2], pe[..., 1::2]) + k * _frequencies(pe.size(-1))
+    return torch.stack([theta.sin(), theta.cos()], dim=-1).flatten(-2)
+
+
+def shift_by_matrix(pe, k):  # the chapter's block-diagonal M_k
+    blocks = [torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])
+              for a in (k * _frequencies(pe.size(-1))).tolist()]
+    return pe @ torch.block_diag(*blocks).T
+
+
+def attention_without_normalising(q, k, v, mask=None, bias=None):
     weights = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).exp()  # forgot to divide by the row sums
     return weights @ v, weights
 
@@ -511,52 +589,52 @@ MUTANTS = {
          r"case 1 of 7 .*expected shape \(2, 7\), got \(2,\)"),
     ],
     "grade_sinusoidal_encoding": [
-        ("positions ignored", lambda positions, d_model: sinusoidal_log_space(
-            torch.arange(positions.numel()).view(positions.shape), d_model),
-         r"the next 4 positions of a decoder.*\nLikely cause: the rows are those of positions 0, 1, 2"),
-        ("log10 instead of ln", lambda positions, d_model: _sinusoidal_base(positions, d_model, math.e**4),
-         r"Likely cause: the logarithm is in base 10"),
-        ("exponent i/d_model", lambda positions, d_model: sinusoidal_float64(positions, 2 * d_model)[..., :d_model],
+        ("the textbook rotation matrix", shift_textbook_rotation, r"Likely cause: every pair is turned the wrong way"),
+        ("pairs of halves", shift_rotate_half,
+         r"Likely cause: dimension j is paired with dimension j \+ d_model/2"),
+        ("exponent i/d_model", lambda pe, k: shift_with_frequencies(pe, k, exponent=1.0),
          r"Likely cause: the exponent is i/d_model instead of 2i/d_model"),
-        ("sine and cosine swapped",
-         lambda positions, d_model: sinusoidal_float64(positions, d_model)[..., torch.arange(d_model) ^ 1],
-         r"Likely cause: sine and cosine are swapped"),
-        ("positions from 1", lambda positions, d_model: sinusoidal_float64(positions + 1, d_model),
-         r"Likely cause: every position is one too far"),
-        ("exp without its minus sign", sinusoidal_without_minus,
+        ("exponent without its minus sign", lambda pe, k: shift_with_frequencies(pe, k, sign=1.0),
          r"Likely cause: the exponent lost its minus sign"),
-        ("base 1000 instead of 10000", lambda positions, d_model: _sinusoidal_base(positions, d_model, 1000.0),
-         r"values differ.*\nDimensions 0 and 1 \(i = 0, frequency 1\) are right, but dimension \d+ \(i = \d+\) is not"),
-        ("float64", lambda positions, d_model: sinusoidal_float64(positions, d_model).double(),
-         r"expected dtype torch\.float32, got torch\.float64"),
+        ("position found and encoded again", shift_by_reencoding,
+         r"case 6 of 6 \(vectors that are not the encoding of any position.*\nLikely cause: your answer relies on "
+         r"the vectors being encodings of positions"),
+        ("angle moved, length forgotten", shift_angle_only,
+         r"Likely cause: .*every \(sin, cos\) pair of your result has length 1"),
+        ("the d_model x d_model matrix", shift_by_matrix,
+         r"the cost check \(pe: shape \(3, 5, 16\), k=7\): your function made a tensor of shape \(16, 16\)"),
+        ("k ignored", lambda pe, k: pe.clone(),
+         r"case 1 of 6 \(the rows of positions 0 to 9, one step on; pe: shape \(10, 8\), k=1\): \d+ of 80 values "
+         r"differ"),
+        ("float64", lambda pe, k: shift_encoding(pe, k).double(), r"expected dtype torch\.float32, got torch\.float64"),
     ],
     "grade_attention": [
-        ("divided by d_k", lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: d_k),
+        ("divided by d_k", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, divisor=lambda d_k: d_k),
          r"Likely cause: the scores are divided by d_k; the paper divides them by sqrt\(d_k\)"),
-        ("not scaled", lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: 1.0),
+        ("not scaled", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, divisor=lambda d_k: 1.0),
          r"Likely cause: the scores are not scaled"),
         ("scaled by sqrt(d_model) with d_model = 512",
-         lambda q, k, v, mask=None: attention(q, k, v, mask, divisor=lambda d_k: math.sqrt(512)),
+         lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, divisor=lambda d_k: math.sqrt(512)),
          r"Likely cause: your weights are softmax\(q k\^T / 22\.63\) \(= sqrt\(512\)\), but the paper divides the "
          r"scores by sqrt\(d_k\) = sqrt\(8\)"),
-        ("softmax over the queries", lambda q, k, v, mask=None: attention(q, k, v, mask, dim=-2),
+        ("softmax over the queries", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, dim=-2),
          r"Likely cause: the softmax runs over the queries \(dim=-2\)"),
-        ("mask inverted", lambda q, k, v, mask=None: attention(q, k, v, mask, invert=True),
+        ("mask inverted", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, invert=True),
          r"Likely cause: masked_fill put -inf where the mask is True"),
-        ("masked scores set to 0", lambda q, k, v, mask=None: attention(q, k, v, mask, fill=0.0),
+        ("masked scores set to 0", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, fill=0.0),
          r"Likely cause: the masked scores are set to 0"),
-        ("masked scores set to -5", lambda q, k, v, mask=None: attention(q, k, v, mask, fill=-5.0),
+        ("masked scores set to -5", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, fill=-5.0),
          r"a causal mask over 4 heads.*\nLikely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, "
          r"which the mask forbids"),
-        ("returns (weights, output)", lambda q, k, v, mask=None: attention(q, k, v, mask)[::-1],
+        ("returns (weights, output)", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias)[::-1],
          r"Likely cause: the pair is in the wrong order"),
-        ("returns the output only", lambda q, k, v, mask=None: attention(q, k, v, mask)[0],
+        ("returns the output only", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias)[0],
          r"expected a tuple of 2 values, got tensor of shape \(2, 5, 8\).*\nReturn a tuple of 2 tensors"),
         ("weights not normalised", attention_without_normalising,
          r"item 0 \(output\).*\nIn item 1 \(weights\): each row of the reference sums to 1 over the last dimension "
          r"\(dim=-1\); your rows sum to values between"),
-        ("output off by a small constant", lambda q, k, v, mask=None: (attention(q, k, v, mask)[0] + 1e-3,
-                                                                       attention(q, k, v, mask)[1]),
+        ("output off by a small constant", lambda q, k, v, mask=None, bias=None: (
+            attention(q, k, v, mask, bias)[0] + 1e-3, attention(q, k, v, mask, bias)[1]),
          r"item 0 \(output\): 80 of 80 values differ.*\nEvery value you return is the expected one plus 0\.001"),
         ("changes q in place", attention_scaling_q_in_place, r"changed its argument 'q' in place"),
         ("a finite bias, rows with no allowed key left uniform", attention_bias_not_zeroed,
@@ -565,12 +643,29 @@ MUTANTS = {
          r"your result contains NaN.*\nLikely cause: a row with no allowed key has every score at -inf"),
         ("weights zeroed after the output was computed", attention_output_not_zeroed,
          r"item 0 \(output\).*\nLikely cause: the weights of a row with no allowed key are 0, but its output is not"),
-        ("a 0/1 mask added to the scores", lambda q, k, v, mask=None: attention(q, k, v) if mask is None
-         else _added_mask(q, k, v, mask),
+        ("a 0/1 mask added to the scores", lambda q, k, v, mask=None, bias=None: attention(q, k, v, bias=bias)
+         if mask is None else _added_mask(q, k, v, mask),
          r"Likely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, which the mask forbids"),
         ("a softmax without its maximum subtracted", attention_exp_without_max,
          r"scores of a few hundred.*\): item 0 \(output\): your result contains NaN.*\nLikely cause: the softmax "
          r"takes exp of the raw scores.*subtract each row's maximum before exp"),
+    
+        ("the chapter's function, which has no bias", lambda q, k, v, mask=None, bias=None:
+         tl.scaled_dot_product_attention(q, k, v, mask),
+         r"a bias of shape \(T_q, T_k\) and no mask.*\nLikely cause: the bias is ignored"),
+        ("the bias divided by sqrt(d_k) with the scores", attention_bias_before_scaling,
+         r"Likely cause: the bias is divided by sqrt\(d_k\) with the scores"),
+        ("the bias subtracted", lambda q, k, v, mask=None, bias=None: attention(
+            q, k, v, mask, None if bias is None else -bias), r"Likely cause: the bias is subtracted"),
+        ("the bias only inside the mask's branch", attention_bias_with_mask_only,
+         r"a bias of shape \(T_q, T_k\) and no mask.*\nLikely cause: the bias is added only when a mask is given"),
+        ("the bias transposed", lambda q, k, v, mask=None, bias=None: attention(
+            q, k, v, mask, None if bias is None else bias.transpose(-2, -1)),
+         r"a bias of shape \(T_q, T_k\) and no mask.*\nLikely cause: the bias is transposed"),
+        ("the mask written into the bias in place", attention_bias_into_mask_in_place,
+         r"ALiBi.*changed its argument 'bias' in place"),
+        ("the bias mixed into the weights after the softmax", attention_bias_on_weights,
+         r"a bias of shape \(T_q, T_k\) and no mask.*: item 0 \(output\)"),
     ],
     "grade_packed_mask": [
         ("sentences ignored", lambda segments: ((segments != 0)[:, None, :] & square(segments.size(1)).tril())[:, None],
@@ -825,9 +920,9 @@ def test_something_that_is_not_a_function_is_refused():
 def test_inputs_are_fresh_on_every_call_and_repeatable_with_a_seed():
     seen = []
 
-    def spy(q, k, v, mask=None):
+    def spy(q, k, v, mask=None, bias=None):
         seen.append(q)
-        return attention(q, k, v, mask)
+        return attention(q, k, v, mask, bias)
 
     for seed in (None, None, 7, 7):
         grading.grade_attention(spy, seed=seed)

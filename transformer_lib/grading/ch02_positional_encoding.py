@@ -1,88 +1,140 @@
-"""The named check of chapter 2's coding exercise (book/02_positional_encoding.ipynb): the sinusoidal encoding of
-given positions, with the frequencies computed in log space."""
+"""The named check of chapter 2's coding exercise (book/02_positional_encoding.ipynb): move sinusoidal encodings k
+positions along with the rotation of every (sin, cos) pair, without knowing the positions and without building the
+d_model x d_model matrix M_k."""
 
-import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from transformer_lib.positional import sinusoidal_encoding as paper
 
-from .engine import _generator, _randint, _run
+from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
 
 
-def _encode(positions: Tensor, d_model: int, base: float = 10000.0, log: Callable[[float], float] = math.log,
-            sign: float = -1.0, exponent: float = 2.0, shift: int = 0, swap: bool = False) -> Tensor:
-    """sin/cos of positions * exp(sign * (exponent * i / d_model) * log(base)), in float64, as float32; the options
-    reproduce known mistakes."""
-    i = torch.arange(d_model // 2, dtype=torch.float64)  # (d_model/2,)
-    omega = torch.exp(sign * (exponent * i / d_model) * log(base))  # (d_model/2,)
-    angle = (positions.double() + shift).unsqueeze(-1) * omega  # (...) -> (..., d_model/2)
-    pair = (angle.cos(), angle.sin()) if swap else (angle.sin(), angle.cos())
-    return torch.stack(pair, dim=-1).flatten(-2).float()  # (..., d_model/2, 2) -> (..., d_model): sin, cos, ...
+def _rotate(pe: Tensor, k: int, exponent: float = 2.0, sign: float = -1.0, direction: float = 1.0,
+            halves: bool = False) -> Tensor:
+    """Turn pair i of every vector of pe (..., d_model) by k * omega_i, omega_i = 10000^(sign * exponent * i /
+    d_model), in float64, returned in pe's dtype; the options reproduce known mistakes."""
+    d_model = pe.size(-1)
+    omega = 10000.0 ** (sign * exponent * torch.arange(d_model // 2, dtype=torch.float64) / d_model)  # (d_model/2,)
+    cos, sin = torch.cos(k * omega), direction * torch.sin(k * omega)  # (d_model/2,): R(k omega) of each pair
+    x = pe.double()
+    s, c = (x[..., : d_model // 2], x[..., d_model // 2 :]) if halves else (x[..., 0::2], x[..., 1::2])
+    s_new, c_new = s * cos + c * sin, c * cos - s * sin  # (..., d_model/2) each
+    out = torch.cat([s_new, c_new], dim=-1) if halves else torch.stack([s_new, c_new], dim=-1).flatten(-2)
+    return out.to(pe.dtype)  # (..., d_model)
+
+
+class _Shapes(TorchFunctionMode):
+    """Record the shapes of the floating-point tensors made during a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, Tensor) and item.dtype.is_floating_point:
+                self.shapes.append(tuple(item.shape))
+        return result
+
+
+def _refuse_full_matrix(fn: Callable[[Tensor, int], Tensor], seed: int) -> None:
+    """Refuse an answer that makes a (d_model, d_model) tensor, such as the block-diagonal M_k of the chapter."""
+    d_model, k = 16, 7
+    pe = paper(20, d_model)[torch.arange(15).view(3, 5)]  # (3, 5, 16): no size but the last is 16
+    watch = _Shapes()
+    try:
+        with watch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(pe=pe, k=k)
+    except NotImplementedError:  # the untouched stub: the value checks that follow say so in one line
+        return
+    except Exception:  # a crash is reported, with its input, by the value checks that follow
+        return
+    square = [shape for shape in watch.shapes if len(shape) >= 2 and shape[-2:] == (d_model, d_model)]
+    if square:
+        name = _name_of(fn)
+        raise ExerciseGradeError(
+            f"{name}, the cost check (pe: shape {tuple(pe.shape)}, k={k}): your function made a tensor of shape "
+            f"{square[0]}, a d_model x d_model matrix such as M_k. Its output may be right, but it costs "
+            f"d_model^2 multiplications per vector; the exercise is to turn each (sin, cos) pair with elementwise "
+            f"products, cos(k omega_i) and sin(k omega_i) times the sines and cosines, at a cost proportional to "
+            f"d_model.\n(To run these same inputs again: grade_sinusoidal_encoding({name}, seed={seed}).)")
 
 
 def grade_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | None = None) -> None:
-    """Check fn(positions, d_model) -> the paper's encodings (..., d_model) of integer positions (...) against the
-    rows of tl.sinusoidal_encoding."""
+    """Check fn(pe, k) -> every (sin, cos) pair of pe (..., d_model) turned by k * omega_i: PE[p + k] for the rows
+    PE[p] of tl.sinusoidal_encoding, and the same rotation for any other vector."""
     g, seed = _generator(seed)
+    _refuse_full_matrix(fn, seed)
 
-    def reference(positions: Tensor, d_model: int) -> Tensor:
-        return paper(int(positions.max()) + 1, d_model)[positions]  # (...) -> (..., d_model)
-
-    start = _randint(5, 100, g)
-    lengths = [_randint(1, 5, g) for _ in range(3)]
-    packed = torch.cat([torch.arange(n) for n in lengths])  # three sentences packed in one row, each from 0
+    start, k_far = _randint(5, 60, g), _randint(20, 60, g)
+    positions = torch.randint(0, 90, (2, 6), generator=g)  # (2, 6)
+    k_random = _randint(1, 40, g) * (1 if _randint(0, 1, g) else -1)  # never 0: every vector must move
+    not_encodings = torch.randn(2, 4, 64, generator=g)  # (2, 4, 64): no position has these vectors
     cases = [
-        ("positions 0 to 9", {"positions": torch.arange(10), "d_model": 8}),
-        ("position 0 alone, d_model = 2", {"positions": torch.tensor([0]), "d_model": 2}),
-        (f"the next 4 positions of a decoder that has already written {start} tokens",
-         {"positions": torch.arange(start, start + 4), "d_model": 16}),
-        ("a batch (2, 6) of positions, the second row in reverse order",
-         {"positions": torch.stack([torch.arange(6), torch.arange(5, -1, -1)]), "d_model": 32}),
-        (f"three sentences of lengths {lengths} packed in one row, each counted from 0",
-         {"positions": packed[None], "d_model": 64}),
-        ("random positions below 150", {"positions": torch.randint(0, 150, (_randint(1, 3, g), _randint(1, 9, g)),
-                                                                   generator=g), "d_model": 2 * _randint(1, 64, g)}),
+        ("the rows of positions 0 to 9, one step on", {"pe": paper(10, 8), "k": 1}),
+        ("no shift at all", {"pe": paper(6, 16)[2:], "k": 0}),
+        ("three positions back", {"pe": paper(12, 16)[5:], "k": -3}),
+        (f"position {start} alone, d_model = 2", {"pe": paper(start + 1, 2)[start:], "k": _randint(1, 50, g)}),
+        ("a batch (2, 6) of encodings of random positions", {"pe": paper(90, 32)[positions], "k": k_far}),
+        ("vectors that are not the encoding of any position, as the queries and keys that RoPE turns",
+         {"pe": not_encodings, "k": k_random}),
     ]
 
+    def reference(pe: Tensor, k: int) -> Tensor:
+        return _rotate(pe, k)  # (..., d_model)
+
     hints = {
-        "the rows are those of positions 0, 1, 2, ... whatever the positions asked for: encode the values of "
-        "`positions`, not their indices":
-            lambda positions, d_model: paper(positions.numel(), d_model).view(*positions.shape, d_model),
-        "the logarithm is in base 10 (math.log10); 10000^x = exp(x * ln 10000) needs the natural logarithm "
-        "(math.log)": lambda positions, d_model: _encode(positions, d_model, log=math.log10),
+        "every pair is turned the wrong way, by -k omega_i: the result is PE[p - k]. The textbook matrix "
+        "[[cos, -sin], [sin, cos]] turns (x, y) = (cos, sin); the pairs of the table are (sin, cos), in that order, "
+        "so R(k omega) = [[cos, sin], [-sin, cos]] acts on them (a sine and a cosine swapped)":
+            lambda pe, k: _rotate(pe, k, direction=-1.0),
+        "dimension j is paired with dimension j + d_model/2, the 'rotate_half' layout of some RoPE code; the "
+        "pairs of the paper's table are neighbours, (2i, 2i+1)": lambda pe, k: _rotate(pe, k, halves=True),
         "the exponent is i/d_model instead of 2i/d_model (i counts pairs of dimensions)":
-            lambda positions, d_model: _encode(positions, d_model, exponent=1.0),
-        "sine and cosine are swapped: dimension 2i holds the sine, dimension 2i+1 the cosine":
-            lambda positions, d_model: _encode(positions, d_model, swap=True),
-        "every position is one too far: the first token of a sentence is position 0":
-            lambda positions, d_model: _encode(positions, d_model, shift=1),
+            lambda pe, k: _rotate(pe, k, exponent=1.0),
     }
 
-    def lost_minus_sign(positions: Tensor, received: Tensor) -> bool:
-        # exp(+2i/d_model * ln 10000) makes angles so large (up to 150 * 10000) that float32 rounds them by more than
-        # 1e-4; each learner's order of operations rounds differently, so allow what float32 can do to such an angle.
-        d_model = received.size(-1)
-        omega = torch.exp((2 * torch.arange(d_model // 2, dtype=torch.float64) / d_model) * math.log(10000.0))
-        angle = positions.double().unsqueeze(-1) * omega  # (..., d_model/2)
-        wrong = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)  # (..., d_model)
-        allowed = 1e-4 + 1e-5 * angle.repeat_interleave(2, dim=-1)  # a few float32 roundings of the angle
+    def lost_minus_sign(pe: Tensor, k: int, received: Tensor) -> bool:
+        # 10000^(+2i/d_model) makes the angles k * omega_i so large (up to 60 * 10000) that float32 rounds them by
+        # more than 1e-4; each learner's order of operations rounds differently, so allow what float32 can do.
+        d_model = pe.size(-1)
+        angle = abs(k) * 10000.0 ** (2 * torch.arange(d_model // 2, dtype=torch.float64) / d_model)  # (d_model/2,)
+        wrong = _rotate(pe, k, sign=1.0).double()  # (..., d_model)
+        pair = pe.double().abs().unflatten(-1, (d_model // 2, 2)).sum(-1)  # (..., d_model/2): |sin| + |cos|
+        allowed = 1e-4 + 1e-6 * (angle * pair).repeat_interleave(2, dim=-1)  # a few float32 roundings of the angle
         return bool(((received.double() - wrong).abs() <= allowed).all())
 
     def diagnose(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
         if not (isinstance(received, Tensor) and received.shape == expected.shape and received.dtype.is_floating_point):
             return None
-        if lost_minus_sign(case["positions"], received):
-            return ("Likely cause: the exponent lost its minus sign: exp(+(2i/d_model) * ln 10000) makes the "
-                    "frequencies grow with i instead of shrinking.")
+        if case["pe"] is not_encodings:  # the earlier cases passed: the answer works for encodings only
+            lengths = received.double().unflatten(-1, (-1, 2)).norm(dim=-1)  # (..., d_model/2): each pair's length
+            unit = ("every (sin, cos) pair of your result has length 1, but the pairs of these vectors do not, and a "
+                    "rotation keeps each pair's length. " if torch.allclose(lengths, torch.ones_like(lengths),
+                                                                               atol=1e-3) else "")
+            return (f"Likely cause: your answer relies on the vectors being encodings of positions (it reads off a "
+                    f"position p and evaluates sin and cos at p + k, or it takes the angle of each pair without its "
+                    f"length): {unit}These vectors are not the encoding of any position, and yet M_k, being "
+                    f"linear, turns pair i of any vector by k omega_i. Use only k and the frequencies.")
+        if case["k"] != 0 and lost_minus_sign(case["pe"], case["k"], received):
+            return ("Likely cause: the exponent lost its minus sign: 10000^(+2i/d_model) makes the frequencies grow "
+                    "with i instead of shrinking.")
         wrong = ~torch.isclose(received.double(), expected.double(), atol=1e-4, rtol=1e-4)  # (..., d_model)
         column = int(wrong.flatten(0, -2).any(dim=0).nonzero()[0])
         if column >= 2:
             return (f"Dimensions 0 and 1 (i = 0, frequency 1) are right, but dimension {column} (i = {column // 2}) "
-                    f"is not: check the frequency exp(-(2i / d_model) * ln 10000) of pair i.")
+                    f"is not: check the frequency 10000^(-2i / d_model) of pair i.")
         return None
 
+    # k * omega_i stays below 60 radians: float32 rounds such an angle by about 4e-6, and a float32 answer (e.g. in
+    # complex numbers) differed from the float64 reference by at most 1.2e-5 on vectors twice as large as these,
+    # a tenth of the tolerance.
     _run("grade_sinusoidal_encoding", fn, reference, cases, seed, atol=1e-4, rtol=1e-4, hints=hints, diagnose=diagnose)

@@ -1,5 +1,6 @@
-"""The named check of chapter 3's coding exercise (book/03_attention.ipynb): scaled dot-product attention with the
-mask added to the scores as a finite bias, rows with no allowed key included."""
+"""The named check of chapter 3's coding exercise (book/03_attention.ipynb): scaled dot-product attention with a float
+position bias (T5- or ALiBi-style) added to the scores, and the boolean mask added as a finite bias, rows with no
+allowed key included."""
 
 import math
 from collections.abc import Callable, Mapping
@@ -13,12 +14,30 @@ from transformer_lib.attention import scaled_dot_product_attention
 from .engine import _generator, _name_number, _randint, _run
 
 
+def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(d_k) + bias), masked as tl.scaled_dot_product_attention masks; (output, weights)."""
+    if bias is None:
+        return scaled_dot_product_attention(q, k, v, mask)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias  # (..., T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (..., T_q, T_k)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # a row with no allowed key: NaN -> 0
+    return weights @ v, weights  # (..., T_q, d_v)
+
+
 def _attention_variant(divisor: Callable[[int], float] = math.sqrt, dim: int = -1,
-                       fill: Callable[[Tensor], Tensor] = lambda mask: ~mask, value: float = float("-inf")):
+                       fill: Callable[[Tensor], Tensor] = lambda mask: ~mask, value: float = float("-inf"),
+                       bias_factor: Callable[[int], float] = lambda d_k: 1.0, bias_only_with_mask: bool = False):
     """Attention with one thing changed; the checks use these to recognise common mistakes."""
 
-    def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                  bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         scores = q @ k.transpose(-2, -1) / divisor(q.size(-1))  # (..., T_q, T_k)
+        if bias is not None and (mask is not None or not bias_only_with_mask):
+            scores = scores + bias_factor(q.size(-1)) * bias
         if mask is not None:
             scores = scores.masked_fill(fill(mask), value)
         weights = torch.softmax(scores, dim=dim).nan_to_num(0.0)  # (..., T_q, T_k); a row with no allowed key: 0
@@ -42,9 +61,12 @@ def _estimate_divisor(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor | None
     return 1.0 / slope.item()
 
 
-def _unhandled_empty_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _unhandled_empty_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                          bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """A finite bias (or -1e9) and nothing else: a row with no allowed key is left with equal scores, uniform weights."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores + torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)  # (..., T_q, T_k)
@@ -87,6 +109,14 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
                     f"with -inf, `scores.masked_fill(~mask, float('-inf'))`, before the softmax.")
     if torch.allclose(weights, expected[1], atol=1e-5, rtol=1e-5):
         return "Likely cause: your weights are right but the output is not; the output is `weights @ v`."
+    bias = case.get("bias")
+    if bias is not None:  # a divisor cannot be read off weights that a bias has moved; a transposed bias can be seen
+        if bias.size(-1) == bias.size(-2) and not torch.equal(bias, bias.transpose(-2, -1)):
+            flipped = _reference(case["q"], case["k"], case["v"], mask, bias.transpose(-2, -1))[1]
+            if torch.allclose(weights, flipped, atol=1e-5, rtol=1e-5):
+                return ("Likely cause: the bias is transposed: its rows (dim=-2) are the queries and its columns "
+                        "(dim=-1) the keys, as in the scores q k^T.")
+        return None
     divisor = _estimate_divisor(case["q"], case["k"], weights, mask)
     d_k = case["q"].size(-1)
     if divisor is not None and abs(divisor - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
@@ -97,8 +127,16 @@ def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) 
     return None
 
 
+def _alibi_bias(n_heads: int, size: int) -> Tensor:
+    """ALiBi's bias -m_h (i - j) for query i and key j, slopes m_h = 2^(-8 h / n_heads); (1, n_heads, size, size)."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n_heads + 1) / n_heads)  # (h,)
+    distance = torch.arange(size)[:, None] - torch.arange(size)[None, :]  # (T, T): i - j
+    return -(slopes[:, None, None] * distance)[None]  # (1, h, T, T)
+
+
 def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None = None) -> None:
-    """Check fn(q, k, v, mask=None) -> (output, weights) against tl.scaled_dot_product_attention on fresh inputs."""
+    """Check fn(q, k, v, mask=None, bias=None) -> (output, weights): softmax(q k^T / sqrt(d_k) + bias) v, the mask
+    as in tl.scaled_dot_product_attention, on fresh inputs."""
     g, seed = _generator(seed)
 
     def randn(*shape: int) -> Tensor:
@@ -142,6 +180,17 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
          {"q": randn(2, 2, 3, 8), "k": randn(2, 2, 4, 8), "v": randn(2, 2, 4, 8), "mask": empty_sentence}),
         ("packed sentences whose padded queries see no key (B, 1, T, T)",
          {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 3), "mask": packed}),
+        ("a bias of shape (T_q, T_k) and no mask",
+         {"q": randn(2, 5, 8), "k": randn(2, 5, 8), "v": randn(2, 5, 8), "bias": 2 * randn(5, 5)}),
+        ("ALiBi's bias, one slope per head, with a causal mask over 4 heads",
+         {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 8), "mask": causal,
+          "bias": _alibi_bias(4, 6)}),
+        ("a learned bias per head (1, h, T_q, T_k) with a padding mask, T_q != T_k",
+         {"q": randn(2, 4, 3, 8), "k": randn(2, 4, 7, 8), "v": randn(2, 4, 7, 5), "mask": padding,
+          "bias": randn(1, 4, 3, 7)}),
+        ("a bias on packed sentences whose padded queries see no key",
+         {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 3), "mask": packed,
+          "bias": 3 * randn(1, 4, 6, 6)}),
     ]
     hints = {
         "the scores are divided by d_k; the paper divides them by sqrt(d_k)": _attention_variant(lambda d_k: d_k),
@@ -158,7 +207,14 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
         "softmax of equal scores is uniform, 1/T_k on every key; set the weights of masked keys to 0 after the "
         "softmax": _unhandled_empty_rows,
         "the pair is in the wrong order: return (output, weights), not (weights, output)":
-            lambda q, k, v, mask=None: _attention_variant()(q, k, v, mask)[::-1],
+            lambda q, k, v, mask=None, bias=None: _attention_variant()(q, k, v, mask, bias)[::-1],
+        "the bias is ignored: add it to the scaled scores, softmax(q k^T / sqrt(d_k) + bias)":
+            _attention_variant(bias_factor=lambda d_k: 0.0),
+        "the bias is divided by sqrt(d_k) with the scores; add it after the scaling, "
+        "softmax(q k^T / sqrt(d_k) + bias)": _attention_variant(bias_factor=lambda d_k: 1 / math.sqrt(d_k)),
+        "the bias is subtracted from the scores; add it": _attention_variant(bias_factor=lambda d_k: -1.0),
+        "the bias is added only when a mask is given; a bias without a mask counts too":
+            _attention_variant(bias_only_with_mask=True),
     }
-    _run("grade_attention", fn, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask), cases, seed,
-         hints=hints, item_names=("output", "weights"), diagnose=_attention_diagnosis)
+    _run("grade_attention", fn, _reference, cases, seed, hints=hints, item_names=("output", "weights"),
+         diagnose=_attention_diagnosis)
