@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positive_int
-from transformer_lib.runs import CHOSEN_ON, is_count, is_minutes, is_score
+from transformer_lib.runs import CHOSEN_ON, is_count, is_minutes, is_score, read_json
 from transformer_lib.translation import PRESETS, resolve_settings
 
 # name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
@@ -258,10 +258,9 @@ def read_record(path: Path) -> dict:
         raise RecordError(f"ablation record {str(path)!r} is a link or not a regular file; the records are the files "
                           f"run_one writes")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise RecordError(f"ablation record {str(path)!r} is not valid JSON ({type(error).__name__}: {error}); remove it (or "
-                          f"run with --overwrite) to run it again") from None
+        record = read_json(path, "ablation record", "run_one (run it again with --overwrite)")
+    except ValueError as error:  # not UTF-8, or not JSON: named, with where
+        raise RecordError(str(error)) from None
     return check_record(record, path)
 
 

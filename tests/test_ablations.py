@@ -3,7 +3,6 @@ variants, its runs and its table are checked on a made-up corpus in seconds."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 

@@ -10,7 +10,6 @@ its own box. Screenshots of every page land in book/_build/screenshots for revie
 """
 
 import functools
-import os
 import urllib.request
 from pathlib import Path
 

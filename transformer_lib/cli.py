@@ -23,7 +23,6 @@ from transformer_lib.runs import (
     RUN_FILES,
     CheckpointError,
     DivergedError,
-    checkpoint_errors,
     atomic_write_text,
     check_decoding,
     check_replaceable,

@@ -176,11 +176,10 @@ def check_record(record: Any, what: str = "record") -> dict:
             raise ValueError(f"{what}: {key} must be a non-empty string of at most 200 characters, got "
                              f"{record[key]!r:.80}")
     try:
-        day = datetime.date.fromisoformat(record["date"])
+        datetime.date.fromisoformat(record["date"])
     except ValueError:
-        day = None
-    if day is None:
-        raise ValueError(f"{what}: date must be the ISO date (YYYY-MM-DD) the record was made, got {record['date']!r}")
+        raise ValueError(f"{what}: date must be the ISO date (YYYY-MM-DD) the record was made, got "
+                         f"{record['date']!r}") from None
     if record["cores"] is not None and not (is_count(record["cores"]) and record["cores"] <= MAX_CORES):
         raise ValueError(f"{what}: cores must be an integer from 1 to {MAX_CORES} or None, got {record['cores']!r}")
     return record
