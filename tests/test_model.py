@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn

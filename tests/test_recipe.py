@@ -16,7 +16,7 @@ from transformer_lib import training
 from transformer_lib import translation as tr
 from transformer_lib.grading import grade_average_checkpoints
 
-from copy_task import CFG, copy_batches, fresh
+from copy_task import copy_batches, fresh
 from test_translation import QUICK, quick_run, small_model, tiny_corpus
 
 
