@@ -38,8 +38,9 @@ import time
 from pathlib import Path
 
 from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positive_int
-from transformer_lib.runs import CHOSEN_ON, is_count, is_minutes, is_score, read_json
-from transformer_lib.translation import PRESETS, resolve_settings
+from transformer_lib.files import read_json
+from transformer_lib.settings import CHOSEN_ON, is_count, is_minutes, is_score
+from transformer_lib.recipe import PRESETS, resolve_settings
 
 # name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
 # warm-up, label smoothing 0.1, dropout 0.1, sinusoidal positions, one embedding matrix shared by source and target,
@@ -102,14 +103,15 @@ def _device_facts() -> dict:
 def run_one(args: argparse.Namespace) -> dict:
     """Train one (variant, seed), decode as the module says, and return its record (also written to --out)."""
     import transformer_lib as tl
-    from transformer_lib import translation
+    from transformer_lib import translation, validation
     from transformer_lib.data import load_pairs
-    from transformer_lib.runs import DivergedError, atomic_write_text
+    from transformer_lib.files import atomic_write_text
+    from transformer_lib.guards import DivergedError
     from transformer_lib.scoring import corpus_scores
 
     description, changes = VARIANTS[args.variant]
     overrides = merge(json.loads(args.overrides), changes)
-    settings = translation.resolve_settings(args.preset, overrides)  # every value checked before training
+    settings = resolve_settings(args.preset, overrides)  # every value checked before training
     record = {
         "what": "one run of the ablations on Multi30k de->en (benchmarks/ablations.py)",
         "variant": args.variant, "description": description, "changes": changes, "seed": args.seed,
@@ -144,9 +146,19 @@ def run_one(args: argparse.Namespace) -> dict:
                       minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
                       final_valid_loss=curve[-1]["valid_loss"] if curve else None)
         splits = {split: load_pairs("multi30k", split, "de", "en") for split in ("validation", "test")}
-        kept = len(translation.epoch_weights(run_dir / "run"))
-        weights = [1] + ([kept] if kept > 1 else [])
         decodes, loaded, hypotheses = [], {}, {}
+
+        def row_of(split: str, average_last: int, beam: int, alpha: float, scores: dict) -> dict:
+            row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
+                   "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
+                   "bleu_signature": scores["bleu_signature"]}
+            decodes.append(row)
+            return row
+
+        def sweep(beam: int, alphas: list[float], average_lasts: list[int] | None) -> list[dict]:
+            rows = validation.validation_sweep(run_dir / "run", splits["validation"], beam_size=beam, alphas=alphas,
+                                                average_lasts=average_lasts, max_len=args.max_len, progress=False)
+            return [row_of("validation", r["average_last"], beam, r["alpha"], r["scores"]) for r in rows]
 
         def decode(split: str, average_last: int, beam: int, alpha: float, keep: str | None = None) -> dict:
             if average_last not in loaded:
@@ -155,19 +167,14 @@ def run_one(args: argparse.Namespace) -> dict:
             sources, references = zip(*splits[split])
             hypotheses_of = translation.translate(model, tokenizer, list(sources), beam_size=beam, alpha=alpha,
                                                   max_len=args.max_len)
-            scores = corpus_scores(hypotheses_of, list(references))
-            row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
-                   "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
-                   "bleu_signature": scores["bleu_signature"]}
-            decodes.append(row)
             if keep is not None:  # the sentences themselves, for bootstrap intervals and paired tests later
                 hypotheses[keep] = hypotheses_of
-            return row
+            return row_of(split, average_last, beam, alpha, corpus_scores(hypotheses_of, list(references)))
 
-        greedy = decode("validation", 1, 1, 0.0)
+        greedy = sweep(1, [0.0], [1])[0]
         record["valid_bleu_greedy"] = greedy["bleu"]
-        beams = [decode("validation", n, args.beam, alpha) for n in weights for alpha in args.alpha]
-        chosen = max(beams, key=lambda row: row["bleu"])  # the first of equal scores
+        beams = sweep(args.beam, args.alpha, None)  # the final weights and the average of every kept epoch
+        chosen = max(beams, key=lambda row: row["bleu"])  # the first of equal scores, as best_decoding picks
         best_final = max((row for row in beams if row["average_last"] == 1), key=lambda row: row["bleu"])
         record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
                             "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],

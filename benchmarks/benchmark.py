@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transformer_lib as tl  # noqa: E402
 from torch_baseline import TorchTransformer  # noqa: E402
 from transformer_lib.decoding import beam_search  # noqa: E402
-from transformer_lib.runs import atomic_write_text, check_replaceable  # noqa: E402
+from transformer_lib.files import atomic_write_text, check_replaceable  # noqa: E402
 from transformer_lib.training import teacher_forcing_pair, translation_loss  # noqa: E402
 
 SIZES = {

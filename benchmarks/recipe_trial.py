@@ -31,10 +31,9 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     import transformer_lib as tl
-    from transformer_lib import translation
+    from transformer_lib import recipe, translation, validation
     from transformer_lib.data import load_pairs
-    from transformer_lib.runs import atomic_write_text, read_settings_file
-    from transformer_lib.scoring import corpus_scores
+    from transformer_lib.files import atomic_write_text, read_settings_file
 
     overrides = read_settings_file(args.config) if args.config else {}
     if not isinstance(overrides, dict):
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> dict:
     report = {
         "what": "a recipe trial on the validation split of Multi30k de->en (test set never decoded)",
         "preset": args.preset, "overrides": overrides,
-        "settings": translation.resolve_settings(args.preset, overrides), "epochs": args.epochs,
+        "settings": recipe.resolve_settings(args.preset, overrides), "epochs": args.epochs,
         "device": str(tl.get_device()), "cpu": tl.runtime.cpu_name(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
         "date": datetime.date.today().isoformat(), "load_average_at_start": os.getloadavg(), "points": [],
@@ -72,24 +71,22 @@ def run(args: argparse.Namespace) -> dict:
         report["training_minutes"] = report["points"][-1]["minutes"]
         report["steps"] = summary["steps"]
         pairs = load_pairs("multi30k", "validation", "de", "en")
-        sources, references = [de for de, _ in pairs], [en for _, en in pairs]
         kept = len(translation.epoch_weights(run_dir / "run"))
-        for n in [1, *args.average]:
-            if n > kept:  # a trial shorter than the average it asks for
-                continue
-            model, tokenizer = translation.load_translator(run_dir / "run", device="cpu", average_last=n)
-            for alpha in args.alpha:
-                decode_started = time.perf_counter()
-                hypotheses = translation.translate(model, tokenizer, sources, beam_size=args.beam, alpha=alpha)
-                scores = corpus_scores(hypotheses, references)
+        averages = [n for n in [1, *args.average] if n <= kept or n == 1]  # a trial shorter than an average skips it
+        for n in averages:
+            decode_started = time.perf_counter()
+            rows = validation.validation_sweep(run_dir / "run", pairs, beam_size=args.beam, alphas=args.alpha,
+                                                average_lasts=[n], device="cpu", progress=False)
+            minutes = (time.perf_counter() - decode_started) / 60 / len(rows)  # the mean of this weights' decodings
+            for row in rows:
+                scores = row["scores"]
                 report["decodes"].append({
                     "weights": "final" if n == 1 else f"average of the last {n} epochs", "beam": args.beam,
-                    "alpha": alpha, "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
+                    "alpha": row["alpha"], "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
                     "brevity_penalty": scores["bp"], "length_ratio": scores["ratio"],
-                    "bleu_signature": scores["bleu_signature"],
-                    "decode_minutes": (time.perf_counter() - decode_started) / 60})
-                report["load_average_now"] = os.getloadavg()
-                save()
+                    "bleu_signature": scores["bleu_signature"], "decode_minutes": minutes})
+            report["load_average_now"] = os.getloadavg()
+            save()
         report["load_average_at_end"] = os.getloadavg()
         save()
     finally:
@@ -103,8 +100,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from transformer_lib.cli import alpha_value, beam_size, positive_int
-    from transformer_lib.runs import check_replaceable
-    from transformer_lib.translation import PRESETS
+    from transformer_lib.files import check_replaceable
+    from transformer_lib.recipe import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="multi30k-cpu", choices=sorted(PRESETS), help="default: %(default)s")

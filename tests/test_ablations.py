@@ -9,7 +9,8 @@ import pytest
 from test_translation import QUICK, tiny_corpus
 
 import transformer_lib as tl
-from transformer_lib import data, translation
+from transformer_lib import recipe
+from transformer_lib import data
 from transformer_lib.scoring import corpus_scores
 
 import ablations
@@ -20,15 +21,15 @@ MEASURED = {**QUICK, "training": {**QUICK["training"], "bleu_every": 1}}  # gree
 
 def _model(variant: str) -> tl.Transformer:
     """The model train_translator builds for a variant of the multi30k preset (a small vocabulary, to be quick)."""
-    settings = translation.resolve_settings("multi30k", ablations.VARIANTS[variant][1])
+    settings = recipe.resolve_settings("multi30k", ablations.VARIANTS[variant][1])
     model = {"share_embeddings": True, "tie_embeddings": True, **settings["model"]}  # as _new_model
     return tl.Transformer(tl.TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, **model))
 
 
 def test_every_variant_is_valid_and_changes_what_it_says():
-    baseline = translation.resolve_settings("multi30k")
+    baseline = recipe.resolve_settings("multi30k")
     for variant, (description, changes) in ablations.VARIANTS.items():
-        settings = translation.resolve_settings("multi30k", changes)  # a key that is not a setting is refused
+        settings = recipe.resolve_settings("multi30k", changes)  # a key that is not a setting is refused
         assert (settings == baseline) == (variant == "baseline"), variant
         assert description
     paper = _model("baseline")
@@ -42,7 +43,7 @@ def test_every_variant_is_valid_and_changes_what_it_says():
     assert separate.src_embed is not separate.tgt_embed and separate.generator.weight is separate.tgt_embed.lookup.weight
     assert isinstance(_model("learned-positions").src_positional, tl.LearnedPositionalEncoding)
     assert _model("dropout-0.3").cfg.dropout == 0.3
-    warmup = translation.resolve_settings("multi30k", ablations.VARIANTS["no-warmup"][1])["training"]["warmup"]
+    warmup = recipe.resolve_settings("multi30k", ablations.VARIANTS["no-warmup"][1])["training"]["warmup"]
     assert warmup == 1 and tl.noam_lr(1, 256, warmup) == max(tl.noam_lr(s, 256, warmup) for s in range(1, 100))
 
 

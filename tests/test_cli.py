@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
@@ -146,9 +147,11 @@ def one_error_line(err: str) -> str:
     [("a\nb\n", ["a", "b"]), ("a\nb", ["a", "b"]), ("a\n\n", ["a", ""]), ("\n", [""]), ("a\r\nb\r\n", ["a", "b"])],
 )
 def test_read_lines_counts_an_empty_last_line(tmp_path, text, lines):
+    from transformer_lib.files import read_lines  # what evaluate reads --src-file, --hyp-file and --ref-file with
+
     path = tmp_path / "hyp.txt"
     path.write_bytes(text.encode("utf-8"))
-    assert cli_module._read_lines(path, "--hyp-file") == lines
+    assert read_lines(path, "--hyp-file") == lines
 
 
 def test_an_empty_file_is_no_sentences_not_one(tmp_path, capsys):
@@ -214,7 +217,7 @@ def test_a_second_training_in_a_folder_in_use_stops_at_once_even_with_overwrite(
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint.pt").write_bytes(b"the first training's checkpoint")
-    script = "import sys\nfrom transformer_lib import runs\nwith runs.lock_run_folder(sys.argv[1]):\n" \
+    script = "import sys\nfrom transformer_lib import guards\nwith guards.lock_run_folder(sys.argv[1]):\n" \
              "    print('locked', flush=True)\n    sys.stdin.read()\n"
     holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, cwd=ROOT)
@@ -332,8 +335,28 @@ def test_special_token_text_on_stdin_is_refused_naming_the_line(monkeypatch, cap
 # ---- checkpoints that load but do not fit ----
 
 
-def fake_run(tmp_path, config_change=None, weights_config=None, extra=None) -> Path:
-    """A run folder whose checkpoint.pt has the keys save_checkpoint writes, a small model and a tokenizer."""
+def run_record(**change) -> dict:
+    """A run record with every key train_translator writes (runs.RUN_RECORD_KEYS), for a checkpoint built by hand.
+
+    Its settings have no decoding part, so that a run decodes with the defaults unless a test gives one."""
+    import uuid
+
+    from transformer_lib import recipe, runs
+
+    settings = recipe.resolve_settings("tiny")
+    del settings["decoding"]
+    record = {"id": uuid.uuid4().hex, "corpus": "multi30k", "src_lang": "de", "tgt_lang": "en", "corpus_config": None,
+              "seed": 0, "train_limit": None, "valid_limit": None, "validate": True, "max_steps": 3, "epochs": None,
+              "preset": "tiny", "overrides": None, "settings": settings}
+    assert set(record) == set(runs.RUN_RECORD_KEYS)  # a key added to the run record is added here too
+    return {**record, **change}
+
+
+def fake_run(tmp_path, config_change=None, weights_config=None, with_run_record=True, decoding=None,
+             drop=()) -> Path:
+    """A run folder whose checkpoint.pt has the keys save_checkpoint writes, a small model, a tokenizer and (unless
+    with_run_record is False) a full run record but the keys in drop, whose settings hold decoding when it is given;
+    the run trained 1,234 steps, 3 epochs."""
     import torch
 
     import transformer_lib as tl
@@ -343,11 +366,15 @@ def fake_run(tmp_path, config_change=None, weights_config=None, extra=None) -> P
                   n_heads=2, n_layers=1, d_ff=32, max_len=16, share_embeddings=True)
     model = tl.Transformer(tl.TransformerConfig(**{**config, **(weights_config or {})}))
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(parents=True)
+    extra = {"tokenizer": tokenizer.to_str()}
+    if with_run_record:
+        extra["run"] = {key: value for key, value in run_record().items() if key not in drop}
+        if decoding is not None:
+            extra["run"]["settings"]["decoding"] = decoding
     checkpoint = {"config": {**config, **(config_change or {})}, "model": model.state_dict(), "optimizer": {},
-                  "scheduler": {}, "scaler": None, "state": {}, "rng": {},
-                  "extra": {"tokenizer": tokenizer.to_str()} if extra is None else extra}
-    checkpoint["checksum"] = tl.runs.weights_checksum(checkpoint)  # intact: the checks after the checksum are tested
+                  "scheduler": {}, "scaler": None, "state": {"step": 1234, "epoch": 3}, "rng": {}, "extra": extra}
+    checkpoint["checksum"] = tl.checkpoint_checks.weights_checksum(checkpoint)  # intact: the checks after the checksum are tested
     torch.save(checkpoint, run / "checkpoint.pt")
     return run
 
@@ -368,13 +395,26 @@ def test_a_checkpoint_whose_config_or_weights_do_not_fit_is_one_line(tmp_path, c
 
 @pytest.mark.parametrize("command", [["train", "--resume", "--out"], ["evaluate", "--split", "test", "--checkpoint"]])
 def test_a_checkpoint_without_its_run_record_is_one_line(tmp_path, capsys, command):
-    run = fake_run(tmp_path)
+    run = fake_run(tmp_path, with_run_record=False)
     code, _, err = run_main(capsys, *command, str(run))
     line = one_error_line(err)
     assert code == 1 and "holds no run record" in line and str(run / "checkpoint.pt") in line
 
 
-# ---- choosing the preset and the device; decoding options; empty translations; memory ----
+@pytest.mark.parametrize("command", [["translate", "--checkpoint"], ["train", "--resume", "--out"],
+                                     ["choose", "--checkpoint"]])
+def test_a_run_record_without_the_keys_of_this_version_is_one_line(tmp_path, capsys, command):
+    run = fake_run(tmp_path, drop=("id", "validate"))  # e.g. a run of an older version, before runs had an id
+    before = (run / "checkpoint.pt").read_bytes()
+    code, out, err = run_main(capsys, *command, str(run), *(["Ein Hund."] if command[0] == "translate" else []))
+    line = one_error_line(err)
+    assert code == 1 and out == "" and line.startswith(
+        f"error: {run / 'checkpoint.pt'} holds a run record without 'id', 'validate': it was not written by "
+        f"train_translator")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"] and (run / "checkpoint.pt").read_bytes() == before
+
+
+# ---- choosing the preset and the device; decoding options; empty translations ----
 
 
 def test_without_a_gpu_and_without_a_preset_the_cpu_preset_is_chosen_and_said(tmp_path):
@@ -411,47 +451,22 @@ def test_empty_translations_are_kept_in_place_and_named_in_a_warning(monkeypatch
     assert "warning: 2 of 3 translations are empty (sentence 2, 3)" in err and err.count("\n") == 1
 
 
-def test_a_max_len_beyond_the_models_positions_is_one_line(capsys):
+def test_a_max_len_beyond_the_models_positions_is_the_librarys_one_line(capsys):
     from transformer_lib import cli as cli_module
 
     model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
-    with pytest.raises(ValueError, match=r"--max-len 200 is more than this model's positions allow: at most 127"):
+    with pytest.raises(ValueError, match=r"^max_len must be a positive integer of at most 127 for this model \(its "
+                                         r"max_len is 128, and <bos> takes one position\), got 200$"):
         cli_module._translate(model, None, ["x"], beam=4, alpha=0.6, max_len=200)
 
 
-def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(monkeypatch):
-    import torch
-
-    from transformer_lib import cli as cli_module
-    from transformer_lib.translation import PRESETS
-
-    cli_module.check_fits_in_memory(PRESETS["tiny"], torch.device("cpu"), "tiny")  # fits: returns quietly
-    steps = []
-    real_forward = cli_module.Transformer.forward
-
-    def watched(self, src, tgt, *rest, **kw):
-        steps.append((tuple(src.shape), tuple(tgt.shape)))
-        return real_forward(self, src, tgt, *rest, **kw)
-
-    monkeypatch.setattr(cli_module.Transformer, "forward", watched)
-    cli_module.check_fits_in_memory(PRESETS["tiny"], torch.device("cpu"), "tiny")
-    training, length = PRESETS["tiny"]["training"], PRESETS["tiny"]["model"]["max_len"]
-    assert steps == [((training["max_tokens"] // length, length), (training["max_tokens"] // length, length))]
-
-    def out_of_memory(self, *args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-    monkeypatch.setattr(cli_module.Transformer, "forward", out_of_memory)
-    with pytest.raises(ValueError, match=r"preset base does not fit the memory of cpu: one training step on its "
-                                         r"largest batch \(97 sentences of 256 tokens, max_tokens=25000\)"):
-        cli_module.check_fits_in_memory(PRESETS["base"], torch.device("cpu"), "base")
-
-
-def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_chose(tmp_path):
+def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_chose(tmp_path, capsys):
     """The command line's way to chapter 8's choice: every (weights, alpha) decoded on the validation split, the best
     by BLEU written to decoding.json, and evaluate, given no --beam or --alpha, decoding exactly that way."""
     if not (DATA / "multi30k" / "train.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
+    from transformer_lib.runs import read_run_record
+
     run = tmp_path / "run"
     result = cli("train", "--preset", "tiny", "--train-limit", "1500", "--epochs", "2", "--out", str(run),
                  "--no-progress")
@@ -459,32 +474,64 @@ def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_ch
     lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 1", "epoch 2"], result.stdout  # no bar, still a line each
     assert all("training loss" in line and "validation loss" in line for line in lines)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["state"]
+    final = f"the final weights (step {state['step']:,})"
 
     result = cli("choose", "--checkpoint", str(run), "--average", "5")
-    assert result.returncode == 1 and "--average 5 needs the weights of the run's last 5 epochs" in result.stderr
-    assert "keeps 2" in result.stderr and not (run / "decoding.json").exists()
+    line = one_error_line(result.stderr)
+    assert result.returncode == 1 and "average_last=5 averages the weights of the run's last 5 epochs" in line
+    assert "the run finished 2 epochs" in line and "keeps those of epochs 1, 2" in line
+    assert not (run / "decoding.json").exists()
 
     result = cli("choose", "--checkpoint", str(run), "--beam", "2", "--alpha", "0.6", "1.0", "--max-len", "30")
     assert result.returncode == 0, result.stderr
     tried = [line for line in result.stdout.splitlines() if " alpha " in line and "BLEU" in line and "chosen" not in line]
     assert len(tried) == 4, result.stdout  # the final weights and the average of the 2 epochs kept, two alphas each
-    assert {("final weights" in line, "average of the last 2 epochs" in line) for line in tried} == {(True, False),
-                                                                                                 (False, True)}
+    assert [line.split(" alpha ")[0].strip() for line in tried] == [final] * 2 + ["the average of epochs 1-2"] * 2
     best = max(float(line.split("BLEU")[1].split()[0]) for line in tried)
     chosen = json.loads((run / "decoding.json").read_text(encoding="utf-8"))
     assert chosen["chosen_on"] == "validation" and chosen["beam_size"] == 2 and chosen["alpha"] in (0.6, 1.0)
     assert chosen["average_last"] in (1, 2) and f"{chosen['validation']['bleu']:.2f}" == f"{best:.2f}"
-    assert "chosen on the validation split" in result.stdout
+    assert chosen["weights"] == {1: final, 2: "the average of epochs 1-2"}[chosen["average_last"]]
+    assert chosen["run_id"] == read_run_record(run / "checkpoint.pt")["run"]["id"]
+    assert f"chosen on the validation split: {chosen['weights']}, beam 2" in result.stdout
 
     result = cli("evaluate", "--checkpoint", str(run), "--split", "validation", "--max-len", "30")
     assert result.returncode == 0, result.stderr
-    assert "decoding.json (chosen on the validation split)" in result.stderr
+    assert f"decoding.json (chosen on the validation split), with {chosen['weights']}" in result.stderr
     assert f"BLEU = {chosen['validation']['bleu']:.2f}" in result.stdout  # the same weights, beam and alpha
+
+    # translate names the weights it decodes with, and refuses a --max-len beyond the model's positions in one line
+    code, out, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund läuft.")
+    assert code == 0 and out.count("\n") == 1 and f"alpha {chosen['alpha']:g}, from " in err
+    assert f"with {chosen['weights']}\n" in err, err
+    code, out, err = run_main(capsys, "translate", "--checkpoint", str(run), "--max-len", "128", "Ein Hund läuft.")
+    line = one_error_line(err)
+    assert code == 1 and out == "" and line == (
+        "error: max_len must be a positive integer of at most 127 for this model (its max_len is 128, and <bos> takes "
+        "one position), got 128")
 
     # A quick trial chooses on the first sentences only, and says so (decoding.json keeps how many)
     result = cli("choose", "--checkpoint", str(run), "--beam", "2", "--alpha", "1.0", "--max-len", "30", "--limit",
-                 "150")
+                 "150", "--average", "1")
     assert result.returncode == 0 and "the first 150 of 1,014 sentences" in result.stdout, result.stderr
-    assert json.loads((run / "decoding.json").read_text(encoding="utf-8"))["validation"]["sentences"] == 150
+    chosen = json.loads((run / "decoding.json").read_text(encoding="utf-8"))
+    assert chosen["validation"]["sentences"] == 150 and chosen["weights"] == final and chosen["alpha"] == 1.0
     result = cli("choose", "--checkpoint", str(run), "--limit", "99")
     assert result.returncode == 2 and "argument --limit: expected an integer >= 100" in result.stderr
+
+
+def test_sentences_are_named_as_the_user_gave_them(tmp_path, capsys, monkeypatch):
+    """check_sentences with the command line's names: the argument's number, the line of standard input, the line of
+    --src-file; each refused before any checkpoint is read (here there is none)."""
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(tmp_path / "nowhere"), "Ein Hund.", " ", "Ja.")
+    assert code == 1 and one_error_line(err).startswith("error: sentence 2 is empty or only spaces")
+    fake_stdin(monkeypatch, "Ein Hund.\nEine <unk> Katze.\n")
+    code, _, err = run_main(capsys, "translate", "--checkpoint", str(tmp_path / "nowhere"))
+    assert code == 1 and one_error_line(err).startswith("error: line 2 of standard input contains '<unk>'")
+    src, ref = tmp_path / "src.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\nEine Katze.\nZwei Männer.\n   \n", encoding="utf-8")
+    ref.write_text("A dog.\nA cat.\nTwo men.\nNothing.\n", encoding="utf-8")
+    code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(tmp_path / "nowhere"), "--src-file", str(src),
+                            "--ref-file", str(ref))
+    assert code == 1 and one_error_line(err).startswith(f"error: --src-file {src}: line 4 is empty or only spaces")

@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import transformer_lib as tl
-from transformer_lib import runs, training
+from transformer_lib import guards, training
 from transformer_lib.training import load_checkpoint, resume_training, save_checkpoint, train
 from copy_task import CFG, copy_batches, fresh
 
@@ -140,7 +140,7 @@ def test_fp16_a_window_in_which_every_step_overflows_is_a_divergence(fp16_on_the
     model, optimizer, scheduler = fresh()
     poisoned(model, steps=set(range(1, 100)))
     scaler = torch.amp.GradScaler("cpu")
-    with pytest.raises(runs.DivergedError, match=r"diverged at step 1: the loss of all 4 steps from it is (inf|nan)"):
+    with pytest.raises(guards.DivergedError, match=r"diverged at step 1: the loss of all 4 steps from it is (inf|nan)"):
         train(model, copy_batches, optimizer, scheduler, max_steps=8, log_every=4, scaler=scaler, progress=False)
 
 

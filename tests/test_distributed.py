@@ -256,7 +256,7 @@ def test_the_command_line_under_torchrun_matches_one_process(tmp_path):
     # rounding noise takes random steps of up to lr, the largest of which is at step 20 of the warm-up. The key biases
     # (pure noise) are left out; the other weights drift ~lr apart at most: 3 x peak_lr = 1.1e-3. Seen: 5e-5 with
     # 1 or 2 threads, either process count; without token_share's weight, 2e-3.
-    tiny = tl.translation.resolve_settings("tiny")["training"]
+    tiny = tl.recipe.resolve_settings("tiny")["training"]
     peak_lr = tiny["lr_factor"] * tl.noam_lr(20, 64, tiny["warmup"])  # 3.5e-4
     weights, expected = model.state_dict(), reference.state_dict()
     for name in [name for name in weights if name.endswith("w_k.bias")]:

@@ -3,13 +3,11 @@ themselves in headless Chromium.
 
 The unit tests check that the traced beam search is the library's beam search (its best hypothesis is what
 decoding.beam_search returns), that the beam chart's rows are the trace's, and that the attention chart carries the
-maps passed in (to 3 decimals, padding left out, layers and heads from 1). The browser tests save each chart as a
-standalone page, open it with every CDN request answered from local npm copies of Vega (tests/offline_cdn.py) and none
-let through, drive its controls as a reader would and compare what is drawn and the tooltips with the maps and the
-trace. They skip, with the reason, where Chromium, playwright or the local copies are missing.
+maps passed in (to 3 decimals, padding left out, layers and heads from 1) and weighs at most 200 KB of chapter 9's
+page. The browser tests save each chart as a standalone page, open it with every CDN request answered from local npm
+copies of Vega (tests/offline_cdn.py) and none let through, drive its controls as a reader would and compare what is
+drawn and the tooltips with the maps and the trace. They skip, with the reason, where Chromium, playwright or the local copies are missing.
 """
-
-import json
 
 import pytest
 import torch
@@ -109,32 +107,87 @@ def example_maps(seed: int = 0):
     return collect_attention(model, src, tgt), collect_attention(untrained, src, tgt), src_tokens, in_tokens, out_tokens
 
 
+def unpacked(packed: str, n_q: int, n_k: int, causal: bool) -> list[torch.Tensor]:
+    """The maps a row of attention_rows packs, read back independently of explorers.py: two base-36 digits per
+    weight in thousandths, row by row; a causal map holds its lower triangle only."""
+    values = torch.tensor([int(packed[i : i + 2], 36) for i in range(0, len(packed), 2)], dtype=torch.float32) / 1000
+    size = n_q * (n_q + 1) // 2 if causal else n_q * n_k
+    assert len(values) % size == 0
+    maps = []
+    for start in range(0, len(values), size):
+        block = torch.zeros(n_q, n_k)
+        if causal:
+            rows, columns = torch.tril_indices(n_q, n_k)
+            block[rows, columns] = values[start : start + size]
+        else:
+            block = values[start : start + size].view(n_q, n_k)
+        maps.append(block)
+    return maps
+
+
 def test_attention_rows_carry_the_maps_without_padding():
     maps, untrained, src_tokens, in_tokens, out_tokens = example_maps()
     map_rows, label_rows = explorers.attention_rows(maps, src_tokens, in_tokens, out_tokens, untrained)
-    assert {r["layer"] for r in map_rows} == {1, 2, 3} and {r["head"] for r in map_rows} == set(range(9))
-    assert len(map_rows) == 4 * 3 * 3 * 9 * 2  # sentences, kinds, layers, heads and their mean, models
-    n_keys = {r["grid"]: r["n_keys"] for r in label_rows}
+    assert {r["layer"] for r in map_rows} == {1, 2, 3}
+    assert len(map_rows) == 4 * 3 * 3 * 2  # sentences, kinds, layers, models
+    labels = {r["grid"]: r for r in label_rows}
     for r in map_rows:
         b, name = r["sentence"], explorers.MODULE_KINDS[r["module"]].format(r["layer"] - 1)
         n_q = len(src_tokens[b]) if r["module"] == "encoder self" else len(in_tokens[b])
         n_k = len(in_tokens[b]) if r["module"] == "decoder self" else len(src_tokens[b])
-        assert n_keys[r["grid"]] == n_k and len(r["w"]) == n_q * n_k  # padding left out
+        label = labels[f"{b}|{r['module']}"]
+        assert label["n_keys"] == n_k and len(label["queries"]) == n_q  # padding left out
+        assert label["causal"] == (r["module"] == "decoder self")
         block = (maps if r["model"] == "trained" else untrained)[name][b, :, :n_q, :n_k]  # (h, n_q, n_k)
-        expected = block.mean(0) if r["head"] == 0 else block[r["head"] - 1]
-        stored = torch.tensor(r["w"], dtype=torch.float32).view(n_q, n_k) / 1000
-        assert (stored - expected).abs().max() <= 5e-4 + 1e-6  # rounded to 3 decimals
-    cross = next(r for r in label_rows if r["grid"] == "2|cross")
+        expected = [block.mean(0), *block] if r["model"] == "trained" else [block.mean(0)]  # untrained: the mean
+        stored = unpacked(r["w"], n_q, n_k, label["causal"])
+        assert len(stored) == len(expected)
+        for got, want in zip(stored, expected):
+            assert (got - want).abs().max() <= 5e-4 + 1e-6  # rounded to 3 decimals; 0 above a causal diagonal
+    cross = labels["2|cross"]
     assert cross["queries"][0] == f"0 {out_tokens[2][0]}"
     assert cross["keys"][-1] == f"{LENGTHS[2] - 1} {src_tokens[2][-1]}"
 
 
-def test_attention_chart_is_small():
+def test_a_causal_map_with_weight_above_its_diagonal_is_refused():
     maps, untrained, src_tokens, in_tokens, out_tokens = example_maps()
-    chart = explorers.attention_explorer(maps, src_tokens, in_tokens, out_tokens, untrained)
-    size = len(json.dumps(chart.to_dict(), separators=(",", ":")))
-    # 4 sentences of 13 to 16 pieces, 3 layers x 8 heads x 3 kinds, and the untrained model: 456,404 bytes when measured
-    assert size < 1_500_000, f"the attention explorer's JSON is {size:,} bytes"
+    leaky = dict(maps, **{"decoder.1.self": maps["decoder.1.self"].flip(-1)})  # weight on future positions
+    with pytest.raises(ValueError, match="above its diagonal"):
+        explorers.attention_rows(leaky, src_tokens, in_tokens, out_tokens, untrained)
+
+
+def chapter_sized_maps(src_lengths: list[int], tgt_lengths: list[int], n_layers: int = 3, n_heads: int = 8):
+    """Maps as collect_attention returns them for sentences of these lengths (random rows that sum to 1, exact zeros
+    on padding and above the decoder's diagonal), and BPE-like pieces for their labels."""
+    generator = torch.Generator().manual_seed(0)
+    B, S, T = len(src_lengths), max(src_lengths), max(tgt_lengths)
+    src_real = (torch.arange(S) < torch.tensor(src_lengths)[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    tgt_real = (torch.arange(T) < torch.tensor(tgt_lengths)[:, None])[:, None, None, :]  # (B, 1, 1, T)
+    allowed = {"encoder.{}.self": src_real.expand(B, 1, S, S), "decoder.{}.self": tgt_real & tl.causal_mask(T),
+               "decoder.{}.cross": src_real.expand(B, 1, T, S)}
+    maps = {}
+    for i in range(n_layers):
+        for name, mask in allowed.items():
+            scores = 3 * torch.randn(B, n_heads, *mask.shape[-2:], generator=generator)
+            maps[name.format(i)] = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    src_tokens = [["<bos>", *[f"\u2581Wort{j}" for j in range(n - 2)], "<eos>"] for n in src_lengths]
+    in_tokens = [["<bos>", *[f"\u2581word{j}" for j in range(n - 1)]] for n in tgt_lengths]
+    out_tokens = [tokens[1:] + ["<eos>"] for tokens in in_tokens]
+    return maps, src_tokens, in_tokens, out_tokens
+
+
+def test_attention_explorer_page_weight():
+    """The page weight of chapter 9's explorer: the HTML that its cell stores and the page inlines, at most 200 KB.
+    Chapter 9's four test sentences have 17, 14, 10 and 10 source pieces; the stored run's decoder read 18, 16, 10
+    and 10 (the page then weighed 127,053 bytes, against 537,288 when every untrained head and a JSON list of
+    thousandths were stored). The check allows each translation 5 pieces more, about 2 kB of the page each."""
+    maps, src_tokens, in_tokens, out_tokens = chapter_sized_maps([17, 14, 10, 10], [23, 21, 15, 15])
+    untrained, *_ = chapter_sized_maps([17, 14, 10, 10], [23, 21, 15, 15])
+    chart = explorers.attention_explorer(maps, src_tokens, in_tokens, out_tokens, untrained_maps=untrained,
+                                         sentence_names=[f"test sentence {i}" for i in (9, 16, 48, 14)])
+    page = chart._repr_mimebundle_()["text/html"]  # what the notebook stores and myst-nb copies into the page
+    size = len(page.encode("utf-8"))
+    assert size <= 200_000, f"the attention explorer weighs {size:,} bytes of the page; the limit is 200 KB"
 
 
 # ---- in the browser ----
@@ -195,12 +248,13 @@ def test_attention_explorer_in_the_browser(browser, tmp_path):
                                                       in_tokens if kind == "decoder self" else out_tokens)[b])]
         keys = [f"{i} {t}" for i, t in enumerate((in_tokens if kind == "decoder self" else src_tokens)[b])]
         for cell in cells:
-            block = (maps if cell["model"] == "trained" else untrained)[
-                explorers.MODULE_KINDS[kind].format(layer - 1)][b, :, :n_q, :n_k]
-            expected = block.mean(0) if head == 0 else block[head - 1]
+            trained = cell["model"] == "trained"
+            block = (maps if trained else untrained)[explorers.MODULE_KINDS[kind].format(layer - 1)][b, :, :n_q, :n_k]
+            shown = head if trained else 0  # the untrained model: always the mean of its heads
+            expected = block.mean(0) if shown == 0 else block[shown - 1]
             w = expected[queries.index(cell["query"]), keys.index(cell["key"])].item()
             assert abs(float(cell["weight"]) - w) <= 5e-4 + 1e-6, (cell, w)
-            assert cell["layer"] == str(layer) and cell["head"] == ("mean" if head == 0 else str(head))
+            assert cell["layer"] == str(layer) and cell["head"] == ("mean" if shown == 0 else str(shown))
         return queries, keys
 
     # As the page opens: sentence 1, cross-attention, the last layer (3), the mean of the heads, the trained model.
@@ -231,6 +285,7 @@ def test_attention_explorer_in_the_browser(browser, tmp_path):
     page.locator('.vega-bindings input[name="untrained"]').check()
     wait_for(page, shows, 2, "decoder self", 1, 5, ("trained", "untrained"))
     assert {cell["model"] for cell in drawn(page)} == {"trained", "untrained"}
+    assert "untrained: mean of the heads" in page.locator(".vega-embed svg").text_content()  # the panel's header
     right = page.eval_on_selector_all('.vega-embed path[aria-roledescription="rect mark"]',
                                       "paths => Math.max(...paths.map(p => p.getBoundingClientRect().right))")
     svg = page.locator(".vega-embed svg").bounding_box()
@@ -253,7 +308,7 @@ def test_beam_explorer_in_the_browser(browser, tmp_path):
         final = [r for r in final_rows if r["sentence"] == s and r["alpha"] == alpha]
         cells = drawn(page, "bar")
         want = sorted((r["hypothesis"], r["status"], f"{r['score']:.3f}") for r in rows + final)
-        got = sorted((c["hypothesis"], c["status"], c["log P / penalty"]) for c in cells)
+        got = sorted((" ".join(c["hypothesis"].split()), c["status"], c["log P / penalty"]) for c in cells)  # wrapped
         assert got == want
 
     wait_for(page, shows, 0, 0.6, 1)  # as the page opens: sentence 1, alpha 0.6, step 1
@@ -267,3 +322,45 @@ def test_beam_explorer_in_the_browser(browser, tmp_path):
     wait_for(page, shows, 1, 0.0, 7)
     check_offline(log)
     page.close()
+
+
+@needs_chromium
+@needs_vega
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_beam_explorer_shows_its_sentences_opens_at_the_given_alpha_and_fits_a_phone(browser, tmp_path, width):
+    model, k = small_model(4), 3
+    sources, references = ["1 2 3 4", "5 6"], ["the reference of the first sentence", "and of the second"]
+    long_source = " ".join(["7 8 9"] * 9)  # a long sentence and reference: their text must wrap, not widen the chart
+    chart = explorers.beam_explorer(model, DigitTokenizer(), sources + [long_source], k, (0.0, 0.6, 1.0), max_len=7,
+                                    references=references + ["a reference " * 12], alpha=1.0)
+    page, log = open_chart(browser, chart, tmp_path / "beam.html")
+    page.set_viewport_size({"width": width, "height": 1000})
+    steps_rows, final_rows = explorers.beam_rows(model, DigitTokenizer(), sources, k, (0.0, 0.6, 1.0), max_len=7)
+
+    def opens_at_alpha_one():
+        want = sorted(r["hypothesis"] for r in final_rows if r["sentence"] == 0 and r["alpha"] == 1.0)
+        got = sorted(" ".join(c["hypothesis"].split()) for c in drawn(page, "bar"))
+        assert [h for h in want if h in got] == want
+        texts = page.eval_on_selector_all(".vega-embed g.mark-text text", "ts => ts.map(t => t.textContent)")
+        assert any("1 2 3 4" in t and "the reference of the first sentence" in t for t in texts), texts
+
+    wait_for(page, opens_at_alpha_one)
+    assert page.locator('.vega-bindings input[name="alpha"][value="1"]').is_checked()
+    page.locator('.vega-bindings input[name="sentence"][value="2"]').check()
+    page.wait_for_timeout(300)
+    svg = page.locator(".vega-embed svg").bounding_box()
+    right = page.eval_on_selector_all(".vega-embed svg *", "es => Math.max(...es.filter(e => e.getBBox)"
+                                      ".map(e => e.getBoundingClientRect().right))")
+    assert svg["width"] <= 360 and right <= svg["x"] + svg["width"] + 1 <= width, (svg, right)  # legend and bars in
+    legend = page.eval_on_selector_all(".vega-embed g.role-legend text", "ts => ts.map(t => t.textContent)")
+    assert legend == ["alive", "finished", "pruned", "chosen", "cut at max_len", "greedy"]  # none clipped
+    check_offline(log)
+    page.close()
+
+
+def test_the_beam_explorer_refuses_an_alpha_it_did_not_search():
+    with pytest.raises(ValueError, match=r"alpha must be one of alphas \(0.0, 0.6\)"):
+        explorers.beam_explorer(small_model(4), DigitTokenizer(), ["1 2"], 2, (0.0, 0.6), max_len=4, alpha=1.0)
+    with pytest.raises(ValueError, match="got 1 sources but 2 references"):
+        explorers.beam_explorer(small_model(4), DigitTokenizer(), ["1 2"], 2, (0.0, 0.6), max_len=4,
+                                references=["a", "b"])

@@ -3,6 +3,9 @@ the recorded decoding settings, the run's length, validation limits, and the che
 
 import json
 import math
+import re
+import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,10 +13,14 @@ import sacrebleu
 import torch
 
 import transformer_lib as tl
+from transformer_lib import recipe
+from transformer_lib import checkpoint_checks
 from transformer_lib import data
+from transformer_lib import guards
 from transformer_lib import runs
 from transformer_lib import training
 from transformer_lib import translation as tr
+from transformer_lib import validation
 from transformer_lib.grading import grade_average_checkpoints
 
 from copy_task import copy_batches, fresh
@@ -94,7 +101,8 @@ def test_epochs_keep_their_weights_and_the_average_is_what_loads(tmp_path, monke
         torch.testing.assert_close(value, expected, rtol=0, atol=1e-7)
     final, _ = tl.load_translator(out, "cpu", average_last=1)
     assert any(not torch.equal(a, b) for a, b in zip(final.state_dict().values(), averaged.state_dict().values()))
-    with pytest.raises(FileNotFoundError, match="average_last=3 needs the weights of the run's last 3 epochs"):
+    with pytest.raises(FileNotFoundError, match="average_last=3 averages the weights of the run's last 3 epochs, but "
+                                                "the run finished 3 epochs and .* keeps those of epochs 2, 3; "):
         tl.load_translator(out, "cpu", average_last=3)
     with pytest.raises(ValueError, match="average_last must be a positive integer"):
         tl.load_translator(out, "cpu", average_last=0)
@@ -111,10 +119,10 @@ def test_a_damaged_or_foreign_epoch_file_is_refused_in_one_line(tmp_path, monkey
     weights = torch.load(newest, weights_only=True)
     weights["model"][next(iter(weights["model"]))].add_(1.0)  # a changed weight: the checksum no longer fits
     torch.save(weights, newest)
-    with pytest.raises(runs.CheckpointError, match="do not match the checksum"):
+    with pytest.raises(checkpoint_checks.CheckpointError, match="do not match the checksum"):
         tl.load_translator(out, "cpu", average_last=2)
     newest.write_bytes(b"not a checkpoint")
-    with pytest.raises(runs.CheckpointError, match="epoch-002.pt is not a transformer_lib checkpoint"):
+    with pytest.raises(checkpoint_checks.CheckpointError, match="epoch-002.pt is not a transformer_lib checkpoint"):
         tl.load_translator(out, "cpu", average_last=2)
 
 
@@ -124,23 +132,38 @@ def test_decoding_settings_come_from_decoding_json_then_the_preset_then_the_defa
     quick_run(out, max_steps=None, epochs=2, overrides={**QUICK, "decoding": {"alpha": 1.0, "average_last": 2}})
     run = tl.load_checkpoint(out / "checkpoint.pt")["extra"]["run"]
     assert tl.decoding_settings(out, run) == {"beam_size": 4, "alpha": 1.0, "average_last": 2}
-    assert tl.decoding_settings(out) == tr.DEFAULT_DECODING  # without the run record
-    runs.write_decoding(out, {"beam_size": 2, "alpha": 0.8, "average_last": 1}, chosen_on="validation")
+    assert tl.decoding_settings(out) == tl.decoding_settings(out, run)  # the run record read from the checkpoint
+    without = {**run, "settings": {part: values for part, values in run["settings"].items() if part != "decoding"}}
+    assert tl.decoding_settings(out, without) == tr.DEFAULT_DECODING  # no decoding part in the settings
+    assert tr.decoding_source(out, without)[1].startswith(f"the defaults ({out} has no decoding.json")
+    runs.write_decoding(out, {"beam_size": 2, "alpha": 0.8, "average_last": 1}, chosen_on="validation",
+                        weights=tr.weights_label(out, 1))
     assert tl.decoding_settings(out, run) == {"beam_size": 2, "alpha": 0.8, "average_last": 1}
+    assert tl.decoding_settings(out, without) == {"beam_size": 2, "alpha": 0.8, "average_last": 1}
     with pytest.raises(ValueError, match="setting decoding.alpha must be a number from 0"):
         quick_run(tmp_path / "other", overrides={"decoding": {"alpha": -1}})
 
 
-def test_the_recorded_average_falls_back_to_the_final_weights_with_a_warning(tmp_path, monkeypatch):
+def test_a_recorded_average_the_folder_cannot_provide_is_refused_not_replaced_by_the_final_weights(tmp_path,
+                                                                                                     monkeypatch):
     monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     out = tmp_path / "run"
     quick_run(out, max_steps=None, epochs=2, overrides={**QUICK, "decoding": {"average_last": 2}})
     for path in tl.epoch_weights(out):
         path.unlink()  # e.g. only checkpoint.pt was copied to another machine
-    with pytest.warns(UserWarning, match="loading the final weights instead"):
-        model, _ = tl.load_translator(out, "cpu")
-    final = tl.load_checkpoint(out / "checkpoint.pt")["model"]
-    assert all(torch.equal(a, final[name]) for name, a in model.state_dict().items())
+    loaded = []
+    monkeypatch.setattr(tr, "read_epoch_weights", lambda *args: loaded.append(args) or pytest.fail("read weights"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either: the one line is the error
+        with pytest.raises(FileNotFoundError) as refused:
+            tl.load_translator(out, "cpu")
+    message = str(refused.value)
+    assert message.startswith("average_last=2 averages the weights of the run's last 2 epochs, but the run finished 2 "
+                              f"epochs and {out} keeps those of epochs none; pass average_last=1 for the final weights")
+    assert "\n" not in message and loaded == []
+    final, _ = tl.load_translator(out, "cpu", average_last=1)  # asked for by name, the final weights still load
+    saved = tl.load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(value, saved[name]) for name, value in final.state_dict().items())
 
 
 def test_a_resumed_run_keeps_its_length_unless_given_a_new_one(tmp_path, monkeypatch):
@@ -160,16 +183,16 @@ def test_a_resumed_run_keeps_its_length_unless_given_a_new_one(tmp_path, monkeyp
     state = training.TrainState(**{**checkpoint["state"], "history": [tuple(h) for h in checkpoint["state"]["history"]
                                                                       if h[0] <= 4]})
     tl.save_checkpoint(path, model, optimizer, scheduler, None, state, checkpoint["extra"])
-    assert tr.train_translator(out, resume=True, progress=False)["steps"] == 6  # not the preset's epochs
-    assert tr.train_translator(out, resume=True, max_steps=8, progress=False)["steps"] == 8  # a new length is used
+    assert recipe.train_translator(out, resume=True, progress=False)["steps"] == 6  # not the preset's epochs
+    assert recipe.train_translator(out, resume=True, max_steps=8, progress=False)["steps"] == 8  # a new length is used
     assert tl.load_checkpoint(path)["extra"]["run"]["max_steps"] == 8
 
 
 def test_validation_can_be_limited_or_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data", rows=80)))
     seen = []
-    real = tr.validation_loss
-    monkeypatch.setattr(tr, "validation_loss", lambda model, batches, eps: seen.append(
+    real = validation.validation_loss
+    monkeypatch.setattr(validation, "validation_loss", lambda model, batches, eps: seen.append(
         sum(int((tgt != 0).any(dim=1).sum()) for _, tgt in batches)) or real(model, batches, eps))
     quick_run(tmp_path / "limited", max_steps=None, epochs=1, valid_limit=7)
     assert seen == [7]  # 7 validation pairs measured, not 80
@@ -183,7 +206,7 @@ def test_an_epochs_training_loss_weights_each_window_by_its_steps():
     hook_records = []
     run = {"settings": {"training": {"bleu_every": 0, "label_smoothing": 0.1, "max_tokens": 64},
                         "model": {"max_len": 16}}, "validate": False}
-    on_epoch_end = tr.validation_hook(None, None, run, progress=False, on_record=hook_records.append)
+    on_epoch_end = validation.validation_hook(None, None, run, progress=False, on_record=hook_records.append)
     state.step, state.epoch = 23, 1
     on_epoch_end(state)
     assert hook_records[0]["train_loss"] == pytest.approx((40 + 20 + 3) / 23)  # not the mean of 4, 2 and 1
@@ -199,14 +222,14 @@ def test_a_training_folder_in_use_is_refused(tmp_path, monkeypatch):
 
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from transformer_lib.runs import lock_run_folder
+        from transformer_lib.guards import lock_run_folder
         with lock_run_folder({str(out)!r}):
             print("locked", flush=True)
             time.sleep(30)
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(runs.RunFolderInUseError):
+        with pytest.raises(guards.RunFolderInUseError):
             quick_run(out)
     finally:
         holder.kill()
@@ -245,10 +268,165 @@ def test_resuming_training_removes_the_decoding_chosen_for_the_older_weights(tmp
     out = tmp_path / "run"
     quick_run(out, max_steps=None, epochs=1)
     chosen = {"beam_size": 2, "alpha": 0.8, "average_last": 1}
-    runs.write_decoding(out, chosen, chosen_on="validation")
-    quick_run(out, max_steps=None, epochs=1, resume=True)  # nothing left to train: the weights stay, and so does it
+    runs.write_decoding(out, chosen, chosen_on="validation", weights=tr.weights_label(out, 1))
+    with pytest.raises(ValueError, match="is no longer than what the run"):
+        quick_run(out, max_steps=None, epochs=1, resume=True)  # nothing left to train: the weights stay, and so does it
     assert tl.decoding_settings(out) == chosen
     capsys.readouterr()
     quick_run(out, max_steps=None, epochs=2, resume=True)  # one more epoch changes the weights it was chosen for
     assert not (out / runs.DECODING_FILE).exists()
     assert "removed" in capsys.readouterr().out and tl.decoding_settings(out) == tr.DEFAULT_DECODING
+
+
+# ---- the run's id, carried by every file of the run ----
+
+
+def test_every_file_of_a_run_carries_its_id(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    summary = quick_run(out, max_steps=None, epochs=2, valid_limit=20)
+    run = runs.read_run_record(out / "checkpoint.pt")["run"]
+    assert set(run) == set(runs.RUN_RECORD_KEYS) and uuid.UUID(hex=run["id"]).hex == run["id"]
+    assert summary["run_id"] == run["id"]
+    assert {key: run[key] for key in ("valid_limit", "validate", "max_steps", "epochs")} == {
+        "valid_limit": 20, "validate": True, "max_steps": None, "epochs": 2}
+    assert json.loads((out / "history.json").read_text(encoding="utf-8"))["run_id"] == run["id"]
+    kept = tl.epoch_weights(out)
+    assert [p.name for p in kept] == ["epoch-001.pt", "epoch-002.pt"]
+    for epoch, path in enumerate(kept, 1):
+        weights = torch.load(path, weights_only=True)
+        assert set(weights) == tr.EPOCH_KEYS and weights["run_id"] == run["id"] and weights["epoch"] == epoch
+    runs.write_decoding(out, {"beam_size": 2, "alpha": 0.8, "average_last": 2}, "validation",
+                        weights=tr.weights_label(out, 2))
+    decoding = json.loads((out / runs.DECODING_FILE).read_text(encoding="utf-8"))
+    assert decoding["run_id"] == run["id"] and decoding["weights"] == "the average of epochs 1-2"
+    # another run of the same settings, data and seed is another run, with an id of its own
+    assert quick_run(tmp_path / "again", max_steps=None, epochs=2, valid_limit=20)["run_id"] != run["id"]
+    # overwrite starts a new run: a new id, carried by its files
+    replaced = quick_run(out, overwrite=True, max_steps=None, epochs=1)
+    assert replaced["run_id"] != run["id"] and not (out / runs.DECODING_FILE).exists()
+    assert runs.read_run_record(out / "checkpoint.pt")["run"]["id"] == replaced["run_id"]
+    assert json.loads((out / "history.json").read_text(encoding="utf-8"))["run_id"] == replaced["run_id"]
+    assert [torch.load(p, weights_only=True)["run_id"] for p in tl.epoch_weights(out)] == [replaced["run_id"]]
+
+
+# ---- train_translator's arguments, checked first ----
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(max_steps=0), "max_steps must be a positive integer (or None), got 0"),
+    (dict(max_steps=2.0), "max_steps must be a positive integer (or None), got 2.0"),
+    (dict(max_steps=True), "max_steps must be a positive integer (or None), got True"),
+    (dict(max_steps=None, epochs=0), "epochs must be a positive integer (or None), got 0"),
+    (dict(max_steps=None, epochs="2"), "epochs must be a positive integer (or None), got '2'"),
+    (dict(train_limit=-5), "train_limit must be a positive integer (or None), got -5"),
+    (dict(valid_limit=-1000), "valid_limit must be a positive integer (or None), got -1000"),
+    (dict(valid_limit=0), "valid_limit must be a positive integer (or None), got 0"),
+    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
+    (dict(seed=1.5), "seed must be an integer >= 0, got 1.5"),
+    (dict(seed=None), "seed must be an integer >= 0, got None"),
+    (dict(validate="no"), "validate must be True or False, got 'no'"),
+    (dict(validate=1), "validate must be True or False, got 1"),
+    (dict(max_steps=5, epochs=2),
+     "give the run's length as max_steps or as epochs, not both (got max_steps=5 and epochs=2)"),
+])
+def test_train_translator_checks_its_arguments_before_anything_is_read_or_written(tmp_path, monkeypatch, arguments,
+                                                                                  message):
+    monkeypatch.setattr(recipe, "load_pairs", lambda *args: pytest.fail("the data was read before the checks"))
+    with pytest.raises(ValueError) as refused:
+        recipe.train_translator(tmp_path / "run", preset="tiny", overrides=QUICK, progress=False,
+                                **{"max_steps": 2, **arguments})
+    assert str(refused.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_arguments_are_checked_on_resume_too(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    quick_run(out, max_steps=2)
+    before = folder_bytes(out)
+    for arguments, message in ((dict(valid_limit=-1000), "valid_limit must be a positive integer"),
+                               (dict(max_steps=5, epochs=3), "not both (got max_steps=5 and epochs=3)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            recipe.train_translator(out, resume=True, progress=False, **arguments)
+        assert folder_bytes(out) == before
+
+
+# ---- the run's length on resume: one rule ----
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file of a folder, by name, with its bytes: what "nothing was written" compares."""
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_a_new_length_on_resume_replaces_the_saved_one_in_epochs_or_in_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    first = quick_run(out, max_steps=3)  # a run whose length is given in steps
+    assert first["steps"] == 3 and first["epochs"] == 0  # stopped inside its first epoch
+    # epochs after a max_steps run: the run now ends at the end of epoch 2, not at step 3
+    second = recipe.train_translator(out, resume=True, epochs=2, progress=False)
+    run = runs.read_run_record(out / "checkpoint.pt")["run"]
+    assert second["epochs"] == 2 and second["steps"] == second["validation"][-1]["step"] > 3
+    assert [r["epoch"] for r in second["validation"]] == [1, 2]
+    assert (run["epochs"], run["max_steps"]) == (2, None)
+    # max_steps after an epochs run: two steps more, into epoch 3
+    third = recipe.train_translator(out, resume=True, max_steps=second["steps"] + 2, progress=False)
+    run = runs.read_run_record(out / "checkpoint.pt")["run"]
+    assert third["steps"] == second["steps"] + 2 and third["epochs"] == 2
+    assert (run["epochs"], run["max_steps"]) == (None, second["steps"] + 2)
+    # epochs again: the end of epoch 3
+    fourth = recipe.train_translator(out, resume=True, epochs=3, progress=False)
+    assert fourth["epochs"] == 3 and fourth["steps"] == fourth["validation"][-1]["step"] > third["steps"]
+
+
+def test_a_length_already_reached_or_a_finished_run_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    summary = quick_run(out, max_steps=None, epochs=2)
+    steps = summary["steps"]
+    runs.write_decoding(out, {"beam_size": 2, "alpha": 0.8, "average_last": 1}, "validation",
+                        weights=tr.weights_label(out, 1))  # kept: a refused resume changes no weights
+    before = folder_bytes(out)
+    done = f"has already trained, {steps:,} steps (2 epochs); give a longer length, or leave the run as it is"
+    for length, asked in ((dict(max_steps=steps), f"max_steps={steps}"), (dict(max_steps=1), "max_steps=1"),
+                          (dict(epochs=2), f"epochs=2 ({steps:,} steps)"),
+                          (dict(epochs=1), f"epochs=1 ({summary['validation'][0]['step']:,} steps)")):
+        with pytest.raises(ValueError) as refused:
+            recipe.train_translator(out, resume=True, progress=False, **length)
+        assert str(refused.value) == f"{asked} is no longer than what the run in {out} {done}"
+        assert folder_bytes(out) == before  # the checkpoint's bytes, the epoch files, decoding.json: all unchanged
+    with pytest.raises(ValueError) as refused:
+        recipe.train_translator(out, resume=True, progress=False)
+    assert str(refused.value) == (
+        f"the run in {out} is finished: it has trained its full length, {steps:,} steps (2 epochs); to train it "
+        f"further, give a longer length (epochs or max_steps), which replaces the saved one")
+    assert folder_bytes(out) == before
+    assert runs.read_run_record(out / "checkpoint.pt")["run"]["epochs"] == 2  # the saved length, not a refused one
+
+
+# ---- the memory check, before training ----
+
+
+def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(monkeypatch):
+    recipe.check_fits_in_memory(recipe.PRESETS["tiny"], torch.device("cpu"), "tiny")  # fits: returns quietly
+    steps = []
+    real_forward = recipe.Transformer.forward
+
+    def watched(self, src, tgt, *rest, **kw):
+        steps.append((tuple(src.shape), tuple(tgt.shape)))
+        return real_forward(self, src, tgt, *rest, **kw)
+
+    monkeypatch.setattr(recipe.Transformer, "forward", watched)
+    recipe.check_fits_in_memory(recipe.PRESETS["tiny"], torch.device("cpu"), "tiny")
+    training, length = recipe.PRESETS["tiny"]["training"], recipe.PRESETS["tiny"]["model"]["max_len"]
+    assert steps == [((training["max_tokens"] // length, length), (training["max_tokens"] // length, length))]
+
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(recipe.Transformer, "forward", out_of_memory)
+    with pytest.raises(ValueError, match=r"preset base does not fit the memory of cpu: one training step on its "
+                                         r"largest batch \(97 sentences of 256 tokens, max_tokens=25000\)"):
+        recipe.check_fits_in_memory(recipe.PRESETS["base"], torch.device("cpu"), "base")

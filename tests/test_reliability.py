@@ -1,4 +1,5 @@
-"""Runs that survive kills, bad files and bad settings: transformer_lib.runs and its use in training."""
+"""Runs that survive kills, bad files and bad settings: the helpers files, settings, runs, checkpoint_checks and
+guards of transformer_lib, and their use in training."""
 
 import json
 import os
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib import runs
+from transformer_lib import checkpoint_checks, files, guards, runs, settings
 from transformer_lib.training import (
     autocast_dtype,
     load_checkpoint,
@@ -101,14 +102,14 @@ def test_sigkill_at_random_moments_of_saving_every_step_always_leaves_a_run_that
 
 def test_history_json_is_strict():
     value = {"history": [(1, 2.5), (2, float("nan"))], "bleu": float("inf")}
-    text = json.dumps(runs.strict_json(value), allow_nan=False)
+    text = json.dumps(files.strict_json(value), allow_nan=False)
     assert json.loads(text) == {"history": [[1, 2.5], [2, None]], "bleu": None}
 
 
 def test_write_json_replaces_atomically(tmp_path):
     path = tmp_path / "history.json"
-    runs.write_json(path, [(1, 0.5)])
-    runs.write_json(path, [(1, 0.5), (2, float("nan"))])
+    files.write_json(path, [(1, 0.5)])
+    files.write_json(path, [(1, 0.5), (2, float("nan"))])
     assert json.loads(path.read_text(encoding="utf-8")) == [[1, 0.5], [2, None]]
     assert [p.name for p in tmp_path.iterdir()] == ["history.json"]
 
@@ -117,7 +118,7 @@ def test_a_link_planted_at_the_old_temporary_name_is_never_written_through(tmp_p
     victim = tmp_path / "victim.txt"
     victim.write_text("precious", encoding="utf-8")
     (tmp_path / "history.json.tmp").symlink_to(victim)  # the fixed name atomic writes used to open, following links
-    runs.write_json(tmp_path / "history.json", [1])
+    files.write_json(tmp_path / "history.json", [1])
     assert victim.read_text(encoding="utf-8") == "precious"
     assert (tmp_path / "history.json.tmp").is_symlink()  # not renamed away either
     assert json.loads((tmp_path / "history.json").read_text(encoding="utf-8")) == [1]
@@ -125,7 +126,7 @@ def test_a_link_planted_at_the_old_temporary_name_is_never_written_through(tmp_p
 
 def test_a_users_own_tmp_file_is_never_touched(tmp_path):
     (tmp_path / "hyp.en.tmp").write_text("my notes", encoding="utf-8")
-    runs.atomic_write_text(tmp_path / "hyp.en", "a translation\n")
+    files.atomic_write_text(tmp_path / "hyp.en", "a translation\n")
     assert (tmp_path / "hyp.en.tmp").read_text(encoding="utf-8") == "my notes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.en", "hyp.en.tmp"]
 
@@ -134,9 +135,9 @@ def test_the_temporary_file_is_created_exclusively_even_when_its_name_was_guesse
     victim = tmp_path / "victim.txt"
     victim.write_text("precious", encoding="utf-8")
     names = iter(["guessed", "fresh"])
-    monkeypatch.setattr(runs.secrets, "token_hex", lambda n: next(names))
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(names))
     (tmp_path / ".out.txt.guessed.tmp").symlink_to(victim)  # an attacker who guessed the first name
-    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    files.atomic_write_text(tmp_path / "out.txt", "new")
     assert victim.read_text(encoding="utf-8") == "precious"
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "new"
     assert (tmp_path / ".out.txt.guessed.tmp").is_symlink()
@@ -145,7 +146,7 @@ def test_the_temporary_file_is_created_exclusively_even_when_its_name_was_guesse
 def test_the_written_file_has_the_usual_permissions(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
-    runs.atomic_write_text(tmp_path / "out.txt", "new")
+    files.atomic_write_text(tmp_path / "out.txt", "new")
     assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0o600
 
 
@@ -162,7 +163,7 @@ def test_a_target_that_is_a_link_or_not_a_regular_file_is_refused_not_replaced(t
     message = {"link": "is a symbolic link", "fifo": "is a FIFO, not a regular file",
                "folder": "is a folder, not a regular file"}[kind]
     with pytest.raises(ValueError, match=message) as error:
-        runs.atomic_write_text(target, "new")
+        files.atomic_write_text(target, "new")
     assert "\n" not in str(error.value) and str(target) in str(error.value)
     assert victim.read_text(encoding="utf-8") == "precious"
     assert target.is_symlink() if kind == "link" else not target.is_symlink()
@@ -188,7 +189,7 @@ def test_a_crafted_checkpoint_runs_nothing(tmp_path, how):
         path.write_bytes(pickle.dumps(payload))
     else:
         torch.save(payload, path)
-    with pytest.raises(runs.CheckpointError, match="is not a transformer_lib checkpoint"):
+    with pytest.raises(checkpoint_checks.CheckpointError, match="is not a transformer_lib checkpoint"):
         load_checkpoint(path)
     assert not marker.exists()
 
@@ -215,7 +216,7 @@ def test_bad_checkpoint_files_give_one_line(tmp_path, content, message):
         torch.save(torch.ones(2), path)
     else:
         path.write_bytes(content)
-    with pytest.raises(runs.CheckpointError, match=message) as error:
+    with pytest.raises(checkpoint_checks.CheckpointError, match=message) as error:
         load_checkpoint(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
@@ -224,7 +225,7 @@ def checksummed(seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = tl.Transformer(tl.TransformerConfig(**CFG))
     checkpoint = {"config": dict(CFG), "model": model.state_dict(), "extra": {}}
-    checkpoint["checksum"] = runs.weights_checksum(checkpoint)
+    checkpoint["checksum"] = checkpoint_checks.weights_checksum(checkpoint)
     return checkpoint
 
 
@@ -242,28 +243,28 @@ def test_the_weights_checksum_is_deterministic_and_sees_every_name_dtype_shape_a
         "another name": {("x" + k if k == name else k): v for k, v in weights.items()},
     }
     for what, model in variants.items():
-        assert runs.weights_checksum({"config": CFG, "model": model}) != digest, what
-    assert runs.weights_checksum({"config": {**CFG, "n_heads": 8}, "model": weights}) != digest
+        assert checkpoint_checks.weights_checksum({"config": CFG, "model": model}) != digest, what
+    assert checkpoint_checks.weights_checksum({"config": {**CFG, "n_heads": 8}, "model": weights}) != digest
 
 
 def test_a_checkpoint_whose_weights_or_config_changed_since_it_was_written_is_refused(tmp_path):
     path = tmp_path / "checkpoint.pt"
     checkpoint = checksummed()
-    runs.check_checkpoint(checkpoint, path, ("config", "model"))  # intact
+    checkpoint_checks.check_checkpoint(checkpoint, path, ("config", "model"))  # intact
     checkpoint["config"]["n_heads"] = 8  # edited from 4 to 8 heads
-    with pytest.raises(runs.CheckpointError, match="weights, config or training state changed since the file was "
+    with pytest.raises(checkpoint_checks.CheckpointError, match="weights, config or training state changed since the file was "
                                                    "written") as error:
-        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+        checkpoint_checks.check_checkpoint(checkpoint, path, ("config", "model"))
     assert str(path) in str(error.value) and "\n" not in str(error.value)
     checkpoint = checksummed()
     name = "decoder.layers.1.feed_forward.linear2.bias"
     checkpoint["model"][name] = checkpoint["model"][name].clone()
     checkpoint["model"][name][3] += 1e-6  # flipped bits in one weight
-    with pytest.raises(runs.CheckpointError, match="changed since"):
-        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    with pytest.raises(checkpoint_checks.CheckpointError, match="changed since"):
+        checkpoint_checks.check_checkpoint(checkpoint, path, ("config", "model"))
     del checkpoint["checksum"]  # save_checkpoint always writes one: a file without is not its
-    with pytest.raises(runs.CheckpointError, match="it has no checksum, which save_checkpoint always writes"):
-        runs.check_checkpoint(checkpoint, path, ("config", "model"))
+    with pytest.raises(checkpoint_checks.CheckpointError, match="it has no checksum, which save_checkpoint always writes"):
+        checkpoint_checks.check_checkpoint(checkpoint, path, ("config", "model"))
 
 
 def test_a_flipped_byte_in_the_optimizer_state_or_the_run_record_is_refused_on_load(tmp_path):
@@ -286,9 +287,9 @@ def test_a_flipped_byte_in_the_optimizer_state_or_the_run_record_is_refused_on_l
         checkpoint = torch.load(path, weights_only=True)
         damage(checkpoint)
         torch.save(checkpoint, tmp_path / "damaged.pt")
-        with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+        with pytest.raises(checkpoint_checks.CheckpointError, match="fails its checksum"):
             load_checkpoint(tmp_path / "damaged.pt")
-        assert runs.weights_checksum(checkpoint) != saved["checksum"], what
+        assert checkpoint_checks.weights_checksum(checkpoint) != saved["checksum"], what
 
 
 # ---- a diverged run stops ----
@@ -304,7 +305,7 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
         return output * float("nan") if poisoned["calls"] >= poisoned["from_step"] else output
 
     model.generator.register_forward_hook(poison)
-    with pytest.raises(runs.DivergedError, match=r"diverged at step 4: the loss is nan.*checkpoint.*lr_factor"):
+    with pytest.raises(guards.DivergedError, match=r"diverged at step 4: the loss is nan.*checkpoint.*lr_factor"):
         train(model, copy_batches, optimizer, scheduler, max_steps=10, checkpoint_path=path, checkpoint_every=1,
               progress=False)
     checkpoint = load_checkpoint(path)  # checkpoint_every=1: each checkpoint is written only after its step settled
@@ -324,7 +325,7 @@ def test_a_nan_loss_is_noticed_at_the_next_settle_and_named_by_the_step_where_it
         return output * float("nan") if calls["n"] == 7 else output
 
     model.generator.register_forward_hook(poison)
-    with pytest.raises(runs.DivergedError, match=r"diverged at step 7: the loss is nan") as error:
+    with pytest.raises(guards.DivergedError, match=r"diverged at step 7: the loss is nan") as error:
         train(model, copy_batches, optimizer, scheduler, max_steps=20, log_every=10, checkpoint_path=path,
               checkpoint_every=5, progress=False)
     assert calls["n"] == 10  # it ran on to the settle point, and not further
@@ -334,17 +335,17 @@ def test_a_nan_loss_is_noticed_at_the_next_settle_and_named_by_the_step_where_it
 
 def test_the_divergence_message_says_a_checkpoint_was_kept_only_when_one_exists(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    message = str(runs.diverged(3, "loss", float("nan"), path))
+    message = str(guards.diverged(3, "loss", float("nan"), path))
     assert "no checkpoint was written before it" in message and "keeps" not in message
     path.write_bytes(b"a checkpoint")
-    assert f"{path} keeps the last checkpoint written before it" in str(runs.diverged(3, "loss", float("nan"), path))
-    assert "keeps" not in str(runs.diverged(3, "loss", float("nan"), None))
+    assert f"{path} keeps the last checkpoint written before it" in str(guards.diverged(3, "loss", float("nan"), path))
+    assert "keeps" not in str(guards.diverged(3, "loss", float("nan"), None))
 
 
 def test_a_non_finite_gradient_stops_training_even_without_clipping():
     model, optimizer, scheduler = fresh()
     model.generator.weight.register_hook(lambda grad: grad * float("inf"))
-    with pytest.raises(runs.DivergedError, match="diverged at step 1: the gradient norm is (inf|nan)"):
+    with pytest.raises(guards.DivergedError, match="diverged at step 1: the gradient norm is (inf|nan)"):
         train(model, copy_batches, optimizer, scheduler, max_steps=3, clip_norm=None, progress=False)
 
 
@@ -401,16 +402,16 @@ def test_a_run_killed_between_log_entries_resumes_with_the_same_means(tmp_path, 
 
 SIGTERM_SCRIPT = """
 import os, signal
-from transformer_lib import runs
+from transformer_lib import guards
 before = signal.getsignal(signal.SIGTERM)
-with runs.interrupt_guard() as interrupt:
+with guards.interrupt_guard() as interrupt:
     os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` or a cluster's scheduler would
     for _ in range(1000):  # the handler runs between bytecodes of the main thread
         if interrupt.requested:
             break
 print("requested" if interrupt.requested else "not requested", signal.getsignal(signal.SIGTERM) is before,
       interrupt.signal_name)
-with runs.interrupt_guard(enabled=False) as interrupt:  # several processes: the signal acts as usual
+with guards.interrupt_guard(enabled=False) as interrupt:  # several processes: the signal acts as usual
     print(signal.getsignal(signal.SIGTERM) is before)
 """
 
@@ -445,7 +446,7 @@ PRESET = {
 
 
 def settings_with(overrides):
-    return runs.validate_settings(runs.merge_settings(PRESET, overrides), PRESET)
+    return settings.validate_settings(settings.merge_settings(PRESET, overrides), PRESET)
 
 
 def test_good_overrides_are_applied():
@@ -487,9 +488,9 @@ def test_bad_settings_name_the_key_the_value_and_what_is_allowed(overrides, mess
 
 def test_a_setting_without_a_rule_keeps_its_type():
     preset = {"model": {}, "training": {"schedule": "noam"}}
-    runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": "cosine"}}), preset)
+    settings.validate_settings(settings.merge_settings(preset, {"training": {"schedule": "cosine"}}), preset)
     with pytest.raises(ValueError, match="training.schedule must be a str like its default 'noam', got 3"):
-        runs.validate_settings(runs.merge_settings(preset, {"training": {"schedule": 3}}), preset)
+        settings.validate_settings(settings.merge_settings(preset, {"training": {"schedule": 3}}), preset)
 
 
 @pytest.mark.parametrize(
@@ -512,7 +513,7 @@ def test_huge_model_sizes_are_refused_with_the_bound_and_its_reason(overrides, m
 
 def test_the_parameter_estimate_behind_the_bound_is_close_to_the_true_count():
     model = dict(d_model=64, n_heads=4, n_layers=3, d_ff=256, max_len=50, positional="learned")
-    estimate = runs.estimate_parameters(model, vocab_size=300)
+    estimate = settings.estimate_parameters(model, vocab_size=300)
     cfg = tl.TransformerConfig(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=True, tie_embeddings=True,
                                **model)
     true = sum(p.numel() for p in tl.Transformer(cfg).parameters())
@@ -525,7 +526,7 @@ def test_a_deeply_nested_config_is_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     with pytest.raises(ValueError, match="nested too deeply") as error:
-        runs.read_settings_file(path)
+        files.read_settings_file(path)
     assert str(path) in str(error.value)
 
 
@@ -540,7 +541,7 @@ def test_a_malformed_data_line_is_named(tmp_path, line, message):
     path = tmp_path / "train.jsonl"
     path.write_text('{"de": "Zwei Katzen.", "en": "Two cats."}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=message) as error:
-        runs.check_data_file(path)
+        files.check_data_file(path)
     assert str(path) in str(error.value) and "\n" not in str(error.value)
 
 
@@ -570,8 +571,8 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
 
 HOLD_SCRIPT = """
 import sys
-from transformer_lib import runs
-with runs.lock_run_folder(sys.argv[1]):
+from transformer_lib import guards
+with guards.lock_run_folder(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()  # hold the lock until the test closes stdin (or kills this process)
 """
@@ -588,8 +589,8 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
     folder = tmp_path / "run"
     holder = hold_lock(folder)
     try:
-        with pytest.raises(runs.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
-            with runs.lock_run_folder(folder):
+        with pytest.raises(guards.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
+            with guards.lock_run_folder(folder):
                 pass
         assert "\n" not in str(error.value)
     finally:
@@ -597,11 +598,11 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
         holder.wait()
         holder.stdout.close()
         holder.stdin.close()
-    assert (folder / runs.LOCK_FILE).exists()
-    with runs.lock_run_folder(folder):  # the stale lock is no obstacle
-        assert (folder / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    assert (folder / guards.LOCK_FILE).exists()
+    with guards.lock_run_folder(folder):  # the stale lock is no obstacle
+        assert (folder / guards.LOCK_FILE).read_text() == f"{os.getpid()}\n"
     assert list(folder.iterdir()) == []  # the lock file goes; the folder existed before, so it stays
-    with runs.lock_run_folder(tmp_path / "new"):
+    with guards.lock_run_folder(tmp_path / "new"):
         assert (tmp_path / "new").is_dir()
     assert not (tmp_path / "new").exists()  # created by the lock and still empty: a failed start leaves nothing
 
@@ -611,10 +612,10 @@ def test_the_lock_is_reentrant_and_clears_what_a_dead_writer_left(tmp_path):
     folder.mkdir()
     (folder / ".checkpoint.pt.0123abcd.tmp").write_bytes(b"half a checkpoint of a killed run")
     (folder / "checkpoint.pt.tmp").write_bytes(b"the user's own file")
-    with runs.lock_run_folder(folder):
-        with runs.lock_run_folder(folder / "."):  # a notebook re-running a cell in the same process
+    with guards.lock_run_folder(folder):
+        with guards.lock_run_folder(folder / "."):  # a notebook re-running a cell in the same process
             pass
-        assert (folder / runs.LOCK_FILE).exists()  # still held by the outer block
+        assert (folder / guards.LOCK_FILE).exists()  # still held by the outer block
         holder = subprocess.run([sys.executable, "-c", HOLD_SCRIPT, str(folder)], input="", capture_output=True,
                                 text=True, cwd=ROOT)
         assert holder.returncode == 1 and f"is in use by process {os.getpid()}" in holder.stderr
@@ -662,14 +663,14 @@ def test_a_checkpoint_whose_weights_changed_on_disk_is_refused(tmp_path):
     model, optimizer, scheduler = fresh()
     train(model, copy_batches, optimizer, scheduler, max_steps=2, checkpoint_path=path, progress=False)
     checkpoint = torch.load(path, weights_only=True)
-    assert checkpoint["checksum"] == runs.weights_checksum(checkpoint)
+    assert checkpoint["checksum"] == checkpoint_checks.weights_checksum(checkpoint)
     checkpoint["model"]["generator.weight"][0, 0] += 1e-3  # a few flipped bits
     torch.save(checkpoint, path)
-    with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+    with pytest.raises(checkpoint_checks.CheckpointError, match="fails its checksum"):
         load_checkpoint(path)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     checkpoint["model"]["generator.weight"][0, 0] -= 1e-3
     checkpoint["config"]["n_heads"] = 8  # a config edited by hand
     torch.save(checkpoint, path)
-    with pytest.raises(runs.CheckpointError, match="fails its checksum"):
+    with pytest.raises(checkpoint_checks.CheckpointError, match="fails its checksum"):
         load_checkpoint(path)

@@ -8,10 +8,13 @@ import os
 import pytest
 
 from test_cli import DATA, ROOT, cli, fake_run, one_error_line, run_main
+import transformer_lib as tl
 from transformer_lib import cli as cli_module
-from transformer_lib import runs
+from transformer_lib import checkpoint_checks, runs
 from transformer_lib.scoreboard import (
     COLUMNS,
+    METRICS,
+    TUTORIAL_COLUMN,
     TUTORIAL_ROWS,
     read_scoreboard,
     scoreboard_record,
@@ -54,7 +57,8 @@ def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(
     paths = [write_scoreboard(r, tmp_path) for r in (fp16, own)]
     assert [p.name for p in paths] == ["multi30k-cpu-cpu-fp16.json", "multi30k-cpu-cpu.json"]  # neither replaces
     assert read_scoreboard(tmp_path) == [own, fp16]
-    assert list(scoreboard_table([own, fp16], tutorials=())["device"]) == ["cpu", "cpu (fp16, GradScaler)"]
+    trained = list(scoreboard_table([own, fp16], tutorials=())["trained"])
+    assert trained[0].startswith("cpu, ") and trained[1].startswith("cpu (fp16, GradScaler), ")
     with pytest.raises(ValueError, match=r"precision must be None .* or one of 'fp16', got 'int8'"):
         record(precision="int8")
     (tmp_path / paths[0].name).write_text(json.dumps({**fp16, "precision": None}), encoding="utf-8")
@@ -83,6 +87,7 @@ def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(
         (dict(decoding={**DECODING, "lenght": 1}), "'lenght' is not a decoding setting"),
         (dict(notes=3), "notes must be a string or None"),
         (dict(test_lowercase_tokenized_bleu=101), "test_lowercase_tokenized_bleu must be a number from 0 to 100"),
+        (dict(test_tutorial_bleu="36"), "test_tutorial_bleu must be a number from 0 to 100"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(change, message):
@@ -141,25 +146,44 @@ def test_a_scoreboard_folder_or_file_that_is_a_link_is_never_written_through(tmp
 # ---- the table ----
 
 
-def test_the_table_has_one_row_per_record_then_the_tutorials_with_their_metric():
-    records = [record(test_lowercase_tokenized_bleu=39.5), record(preset="multi30k", validation=None,
-                                                                  test={k: v for k, v in TEST.items() if k != "bp"})]
+def test_the_table_has_one_row_per_record_then_the_tutorials_in_the_column_of_their_metric():
+    records = [record(test_tutorial_bleu=35.1, notes="test2016 was scored twice"),
+               record(preset="multi30k", validation=None, test={k: v for k, v in TEST.items() if k != "bp"})]
     table = scoreboard_table(records)
     assert list(table.columns) == list(COLUMNS) and len(table) == len(records) + len(TUTORIAL_ROWS)
+    assert len(COLUMNS) <= 7 and set(METRICS) <= set(COLUMNS)  # a table that fits the page, its metrics named
     for (_, row), r in zip(table.iterrows(), records):
-        assert row["system"] == f"transformer_lib {r['preset']}" and row["device"] == r["device"]
-        assert row["training minutes"] == r["training_minutes"] and row["steps"] == r["steps"]
+        assert row["system"] == f"transformer_lib {r['preset']}"
+        assert row["trained"] == f"cpu, {r['device_name']} ({r['cores']} cores): 33.3 min, 3,187 steps"
         assert row["test BLEU"] == r["test"]["bleu"] and row["test chrF"] == r["test"]["chrf"]
-        assert row["decoding"] == "beam 4, alpha 1, average of the last 2 epochs"
-        assert r["test"]["bleu_signature"] in row["metric"] and "cased" in row["metric"]
+        assert row["decoding"] == "beam 4, alpha 1.0, average of the last 2 epochs"  # alpha as the chapter writes it
     assert table["validation BLEU"].iloc[0] == 38.1 and math.isnan(table["validation BLEU"].iloc[1])
-    assert table["BP"].iloc[0] == 0.985 and math.isnan(table["BP"].iloc[1])
-    assert table["lower-cased tokenized test BLEU"].iloc[0] == 39.5
+    assert table[TUTORIAL_COLUMN].iloc[0] == 35.1 and math.isnan(table[TUTORIAL_COLUMN].iloc[1])  # without spaCy
     trevett = table.iloc[-1]
-    assert trevett["lower-cased tokenized test BLEU"] == 36.52 and math.isnan(trevett["test BLEU"])
-    assert "not comparable" in trevett["metric"] and trevett["decoding"] == "greedy"
-    assert trevett["reference"] == "trevett2020seq2seq"
+    assert trevett[TUTORIAL_COLUMN] == 36.52 and math.isnan(trevett["test BLEU"]) and math.isnan(trevett["test chrF"])
+    assert trevett["decoding"].startswith("greedy")
+    assert "36.52" in table.to_html(index=False) and "Attention is All You Need" in table.to_html(index=False)
     assert len(scoreboard_table([], tutorials=())) == 0
+    with pytest.raises(ValueError, match="must name its system and its reference"):
+        scoreboard_table([], tutorials=({"system": "x", "metric": "y"},))
+
+
+def test_the_tutorials_score_is_kept_only_where_it_was_measured(tmp_path):
+    measured, without = record(test_tutorial_bleu=35.14), record(preset="multi30k")
+    assert measured["test_tutorial_bleu"] == 35.14 and "test_tutorial_bleu" not in without
+    write_scoreboard(measured, tmp_path)
+    write_scoreboard(without, tmp_path)
+    assert read_scoreboard(tmp_path) == [without, measured]
+    path = tmp_path / "multi30k-cpu-cpu.json"
+    path.write_text(json.dumps({**measured, "test_tutorial_bleu": None}), encoding="utf-8")
+    with pytest.raises(ValueError, match="test_tutorial_bleu, when present, must not be None"):
+        read_scoreboard(tmp_path)
+
+
+def test_the_notes_may_disclose_every_look_at_the_test_set():
+    looks = ("test2016 was scored for three successive recipes of this preset: 8 epochs (34.53), 10 epochs (36.67) "
+             "and 12 epochs (this record)")
+    assert record(notes=looks)["notes"] == looks
 
 
 def test_the_tutorials_key_is_in_the_bibliography():
@@ -171,29 +195,73 @@ def test_the_tutorials_key_is_in_the_bibliography():
 # ---- decoding.json ----
 
 
+def run_id(run) -> str:
+    return runs.read_run_record(run / "checkpoint.pt")["run"]["id"]
+
+
 def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
-    assert runs.read_decoding(tmp_path) is None
-    path = runs.write_decoding(tmp_path, DECODING, "validation", validation=VALIDATION)
-    assert path == tmp_path / "decoding.json"
-    saved = runs.read_decoding(tmp_path)
+    run = fake_run(tmp_path)
+    assert runs.read_decoding(run, run_id(run)) is None
+    path = runs.write_decoding(run, DECODING, "validation", weights="the average of epochs 2-3", validation=VALIDATION)
+    assert path == run / "decoding.json"
+    saved = runs.read_decoding(run, run_id(run))
     assert {k: saved[k] for k in DECODING} == DECODING and saved["chosen_on"] == "validation"
     assert saved["validation"] == VALIDATION and len(saved["date"]) == 10
+    assert saved["weights"] == "the average of epochs 2-3" and saved["run_id"] == run_id(run)
+    written = json.loads(path.read_text(encoding="utf-8"))  # the file itself carries the run's id and the weights
+    assert written["run_id"] == run_id(run) and written["weights"] == "the average of epochs 2-3"
     with pytest.raises(ValueError, match="chosen_on must be 'validation', got 'test'"):
-        runs.write_decoding(tmp_path, DECODING, "test")
+        runs.write_decoding(run, DECODING, "test", weights="the final weights (step 1,234)")
     with pytest.raises(ValueError, match="alpha must be a number from 0"):
-        runs.write_decoding(tmp_path, {**DECODING, "alpha": -1}, "validation")
+        runs.write_decoding(run, {**DECODING, "alpha": -1}, "validation", weights="the final weights (step 1,234)")
+    with pytest.raises(ValueError, match="weights must name the weights decoded"):
+        runs.write_decoding(run, DECODING, "validation", weights="")
+    assert json.loads(path.read_text(encoding="utf-8")) == written  # a refused write leaves the file as it was
     path.write_text('{"beam_size": 4}', encoding="utf-8")
     with pytest.raises(ValueError, match="decoding.json' must hold exactly beam_size, alpha, average_last"):
-        runs.read_decoding(tmp_path)
+        runs.read_decoding(run, run_id(run))
     path.write_text("[", encoding="utf-8")
     with pytest.raises(ValueError, match=r"decoding.json' is not valid JSON \(line 1"):
-        runs.read_decoding(tmp_path)
+        runs.read_decoding(run, run_id(run))
+
+
+def test_decoding_json_of_another_run_or_lacking_its_keys_is_refused_in_one_line(tmp_path):
+    """A decoding chosen for one run is never used for another: the run id of the folder's checkpoint must be the one
+    decoding.json was written for, and a decoding.json without its run id, weights, split or date is refused."""
+    mine, other = fake_run(tmp_path / "mine"), fake_run(tmp_path / "other")
+    assert run_id(mine) != run_id(other)
+    path = runs.write_decoding(other, DECODING, "validation", weights="the average of epochs 2-3")
+    (mine / "decoding.json").write_bytes(path.read_bytes())  # copied in from the other run
+    message = f"decoding file '{mine / 'decoding.json'}' was chosen for another run (run {run_id(other)}, and this " \
+              f"folder's checkpoint is run {run_id(mine)})"
+    with pytest.raises(ValueError) as refused:
+        runs.read_decoding(mine, run_id(mine))
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="was chosen for another run"):
+        tl.decoding_settings(mine)  # so translate, evaluate and load_translator refuse it too
+    with pytest.raises(ValueError, match="was chosen for another run"):
+        tl.load_translator(mine, "cpu")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("run_id", "weights", "chosen_on", "date"):
+        (mine / "decoding.json").write_text(json.dumps({k: v for k, v in record.items() if k != key}), encoding="utf-8")
+        with pytest.raises(ValueError, match=f"decoding.json' lacks {key}; choose again on validation"):
+            runs.read_decoding(mine, run_id(mine))
+    (mine / "decoding.json").write_text(json.dumps({**record, "run_id": ""}), encoding="utf-8")
+    with pytest.raises(ValueError, match="run_id must be a non-empty string, got ''"):
+        runs.read_decoding(mine, run_id(mine))
+
+
+def test_write_decoding_needs_the_checkpoint_of_the_run_it_is_for(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(FileNotFoundError):
+        runs.write_decoding(tmp_path / "run", DECODING, "validation", weights="the final weights (step 1,234)")
+    assert not (tmp_path / "run" / "decoding.json").exists()
 
 
 def test_decoding_json_is_a_run_file_that_overwrite_removes(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    runs.write_decoding(run, DECODING, "validation")
+    run = fake_run(tmp_path)
+    runs.write_decoding(run, DECODING, "validation", weights="the average of epochs 2-3")
+    (run / "checkpoint.pt").unlink()
     with pytest.raises(FileExistsError, match="holds decoding.json but no checkpoint.pt: its checkpoint.pt was removed"):
         runs.check_run_folder(run, resume=False, overwrite=False)
     (run / "checkpoint.pt").write_bytes(b"a run")
@@ -248,13 +316,15 @@ def test_decoding_comes_from_decoding_json_then_the_settings_then_the_defaults(t
     seen = []
     monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
                         seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
-    run = fake_run(tmp_path)  # a checkpoint without a run record: no settings
+    run = fake_run(tmp_path)  # a run record whose settings have no decoding part
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     assert code == 0 and seen[-1] == (4, 0.6) and "note: decoding with beam 4 and alpha 0.6, from the defaults" in err
-    runs.write_decoding(run, {"beam_size": 2, "alpha": 1.5, "average_last": 1}, "validation")
+    assert "with the final weights (step 1,234)" in err
+    runs.write_decoding(run, {"beam_size": 2, "alpha": 1.5, "average_last": 1}, "validation",
+                        weights="the final weights (step 1,234)")
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run / "checkpoint.pt"), "Ein Hund.")
     assert code == 0 and seen[-1] == (2, 1.5)
-    assert f"from {run / 'decoding.json'} (chosen on the validation split)" in err
+    assert f"from {run / 'decoding.json'} (chosen on the validation split), with the final weights (step 1,234)" in err
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "--beam", "3", "Ein Hund.")
     assert code == 0 and seen[-1] == (3, 1.5) and "beam 3 (--beam) and alpha 1.5 (from" in err
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "--beam", "3", "--alpha", "0", "Ein Hund.")
@@ -268,12 +338,23 @@ def test_decoding_from_the_runs_settings(tmp_path, capsys, monkeypatch):
     seen = []
     monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
                         seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
-    monkeypatch.setattr(cli_module, "read_run_record", lambda path: {"run": {"settings": {
-        "decoding": {"beam_size": 5, "alpha": 0.8, "average_last": 3}}}})
-    run = fake_run(tmp_path)
+    run = fake_run(tmp_path, decoding={"beam_size": 5, "alpha": 0.8, "average_last": 1})
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     assert code == 0 and seen[-1] == (5, 0.8)
-    assert "from the run's settings (settings['decoding']), with the average of the weights of the last 3 epochs" in err
+    assert "from the run's settings (settings['decoding']), with the final weights (step 1,234)" in err
+
+
+def test_a_recorded_average_the_folder_cannot_provide_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """The run's settings average the last 3 epochs, and the folder keeps none of their weights (only checkpoint.pt
+    was copied): translate refuses in one line and decodes nothing, never with the final weights instead."""
+    seen = []
+    monkeypatch.setattr(cli_module, "translate", lambda *args, **kwargs: seen.append(kwargs) or ["a dog"])
+    run = fake_run(tmp_path, decoding={"beam_size": 5, "alpha": 0.8, "average_last": 3})
+    code, out, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
+    line = one_error_line(err)
+    assert code == 1 and out == "" and seen == [] and "note:" not in err
+    assert line.startswith("error: average_last=3 averages the weights of the run's last 3 epochs, but the run finished "
+                           f"3 epochs and {run} keeps those of epochs none")
 
 
 @pytest.mark.parametrize(
@@ -297,7 +378,8 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
                  "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "last logged loss" in result.stdout
-    runs.write_decoding(run, {"beam_size": 1, "alpha": 0.6, "average_last": 1}, "validation", validation=VALIDATION)
+    runs.write_decoding(run, {"beam_size": 1, "alpha": 0.6, "average_last": 1}, "validation", validation=VALIDATION,
+                        weights="the final weights")
     result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
     assert result.returncode == 0, result.stderr
     assert "note: decoding with beam 1 and alpha 0.6, from" in result.stderr
@@ -316,7 +398,7 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
     checkpoint["scaler"] = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
                             "_growth_tracker": 0}  # what GradScaler.state_dict() holds
-    checkpoint["checksum"] = runs.weights_checksum(checkpoint)  # as save_checkpoint would have written it
+    checkpoint["checksum"] = checkpoint_checks.weights_checksum(checkpoint)  # as save_checkpoint would have written it
     torch.save(checkpoint, run / "checkpoint.pt")
     result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
     assert result.returncode == 0, result.stderr

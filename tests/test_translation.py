@@ -2,6 +2,7 @@ import json
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import sacrebleu
 import torch
 
 import transformer_lib as tl
+from transformer_lib import recipe
 from transformer_lib import data
 from transformer_lib import scoring
 from transformer_lib import translation as tr
@@ -47,7 +49,7 @@ def test_tiny_end_to_end_run_on_offline_multi30k(tmp_path, monkeypatch):
     if not (DATA / "multi30k" / "train.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
     monkeypatch.setenv(data.DATA_ENV, str(DATA))
-    summary = tr.train_translator(tmp_path, preset="tiny", train_limit=2000, max_steps=120, progress=False)
+    summary = recipe.train_translator(tmp_path, preset="tiny", train_limit=2000, max_steps=120, progress=False)
     losses = [loss for _, loss, _ in summary["history"]]
     assert losses[-1] < 0.75 * losses[0], losses
     assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "tokenizer.json").is_file()
@@ -87,7 +89,7 @@ QUICK = {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "max_
 
 
 def quick_run(out: Path, **kwargs) -> dict:
-    return tr.train_translator(out, preset="tiny", overrides=kwargs.pop("overrides", QUICK), max_steps=kwargs.pop(
+    return recipe.train_translator(out, preset="tiny", overrides=kwargs.pop("overrides", QUICK), max_steps=kwargs.pop(
         "max_steps", 3), progress=False, **kwargs)
 
 
@@ -100,8 +102,8 @@ def test_a_finished_run_is_refused_resumed_or_overwritten_but_never_silently_rep
         quick_run(out)
     assert (out / "checkpoint.pt").read_bytes() == before
     with pytest.raises(ValueError, match=r"seed=5 \(the run has 0\) would be ignored"):
-        tr.train_translator(out, resume=True, seed=5, max_steps=4, progress=False)
-    assert tr.train_translator(out, resume=True, max_steps=4, progress=False)["steps"] == 4
+        recipe.train_translator(out, resume=True, seed=5, max_steps=4, progress=False)
+    assert recipe.train_translator(out, resume=True, max_steps=4, progress=False)["steps"] == 4
     summary = quick_run(out, overwrite=True, max_steps=2)
     assert summary["steps"] == 2 and tl.load_checkpoint(out / "checkpoint.pt")["state"]["step"] == 2
     history = json.loads((out / "history.json").read_text(encoding="utf-8"))  # strict JSON
@@ -118,7 +120,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, monkeypat
             quick_run(tmp_path / "run", overrides=overrides)
         assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="preset must be one of"):
-        tr.resolve_settings("huge")
+        recipe.resolve_settings("huge")
 
 
 def test_a_diverged_run_stops_with_a_clear_error_and_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
@@ -148,7 +150,8 @@ def test_empty_sentences_are_refused_and_a_toy_checkpoint_is_not_a_translator(tm
         tr.translate(model, tokenizer, ["ein hund", "   "])
     optimizer, scheduler = tl.make_optimizer(model, 32)
     tl.save_checkpoint(tmp_path / "toy.pt", model, optimizer, scheduler, None, tl.TrainState())
-    with pytest.raises(ValueError, match="without its tokenizer"):
+    with pytest.raises(ValueError, match="toy.pt holds no run record and no tokenizer: it was not written by "
+                                         "train_translator"):
         tr.load_translator(tmp_path / "toy.pt", "cpu")
 
 
@@ -170,4 +173,100 @@ def test_the_model_settings_may_untie_and_unscale_the_embeddings_and_a_loaded_ru
     ids = torch.tensor([[5, 6, 7]])
     assert torch.equal(variant.src_embed(ids), variant.src_embed.lookup(ids))
     with pytest.raises(ValueError, match=r"setting model.scale_embeddings must be true or false, got 'no'"):
-        tr.resolve_settings("tiny", {"model": {"scale_embeddings": "no"}})
+        recipe.resolve_settings("tiny", {"model": {"scale_embeddings": "no"}})
+
+
+# ---- sentences and lengths, checked at translate's door ----
+
+
+def test_check_sentences_names_the_sentence_as_the_caller_does():
+    tr.check_sentences(["Ein Hund.", "Eine Katze."])  # nothing to say: returns quietly
+    with pytest.raises(ValueError, match=r"^sentence 1 is empty or only spaces; "):
+        tr.check_sentences(["Ein Hund.", " \t"])  # by default the index in the list
+    with pytest.raises(ValueError, match=r"^line 3 of standard input contains '<pad>', the text of a special token"):
+        tr.check_sentences(["a", "b", "c <pad>"], ["line 1 of standard input", "line 2 of standard input",
+                                                   "line 3 of standard input"])
+    with pytest.raises(ValueError, match=r"^--src-file f.de: line 2 is empty"):
+        tr.check_sentences(["a", ""], ["--src-file f.de: line 1", "--src-file f.de: line 2"])
+
+
+@pytest.mark.parametrize("max_len", [40, 1000, 0, -1, 2.5, True])
+def test_translate_refuses_a_max_len_beyond_the_models_positions_in_one_line(max_len):
+    model = small_model()  # max_len=40: <bos> and at most 39 tokens
+    tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    with pytest.raises(ValueError) as refused:
+        tr.translate(model, tokenizer, ["ein hund"], max_len=max_len)
+    assert str(refused.value) == (f"max_len must be a positive integer of at most 39 for this model (its max_len is 40, "
+                                  f"and <bos> takes one position), got {max_len!r}")
+
+
+def test_translate_accepts_every_max_len_the_positions_allow():
+    model = small_model()
+    tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    for max_len in (1, 39):
+        [text] = tr.translate(model, tokenizer, ["ein hund"], beam_size=2, max_len=max_len)
+        assert isinstance(text, str)
+
+
+# ---- the weights a decoding uses: named, and only the run's own ----
+
+
+def test_weights_label_names_the_final_weights_or_the_epochs_averaged(tmp_path):
+    torch.save({"state": {"step": 1234, "epoch": 12}}, tmp_path / "checkpoint.pt")
+    assert tr.weights_label(tmp_path, 1) == "the final weights (step 1,234)"
+    assert tr.weights_label(tmp_path / "checkpoint.pt", 4) == "the average of epochs 9-12"
+    assert tr.weights_label(tmp_path, 12) == "the average of epochs 1-12"
+
+
+def epoch_run(folder: Path, epochs: int = 3, seed: int = 0) -> Path:
+    """A quick run that keeps the weights of each of its epochs."""
+    quick_run(folder, max_steps=None, epochs=epochs, seed=seed,
+              overrides={**QUICK, "training": {**QUICK["training"], "keep_checkpoints": epochs}})
+    return folder
+
+
+def test_one_epoch_file_missing_in_the_middle_is_refused_not_skipped(tmp_path, monkeypatch):
+    """With epoch-002.pt gone, "the last 3 epochs" would average epochs 1 and 3 without a word: refused in one line."""
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = epoch_run(tmp_path / "run")
+    assert [p.name for p in tl.epoch_weights(out)] == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+    tl.load_translator(out, "cpu", average_last=3)  # all three kept: it loads
+    (out / "epoch-002.pt").unlink()
+    for n in (3, 2):
+        with pytest.raises(FileNotFoundError) as refused:
+            tl.load_translator(out, "cpu", average_last=n)
+        message = str(refused.value)
+        assert message.startswith(f"average_last={n} averages the weights of the run's last {n} epochs, but the run "
+                                  f"finished 3 epochs and {out} keeps those of epochs 1, 3; ")
+        assert "\n" not in message
+    assert tr.last_epochs(tl.load_checkpoint(out / "checkpoint.pt"), out, 1) == [3]
+    tl.load_translator(out, "cpu", average_last=1)  # the final weights need no epoch file
+
+
+def test_an_epoch_file_of_another_run_renamed_or_trained_further_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out, other = epoch_run(tmp_path / "run", epochs=2), epoch_run(tmp_path / "other", epochs=2, seed=1)
+    mine = torch.load(out / "epoch-002.pt", weights_only=True)
+    foreign = torch.load(other / "epoch-002.pt", weights_only=True)
+    assert foreign["config"] == mine["config"] and foreign["step"] == mine["step"]  # the same shapes, the same step
+    assert all(foreign["model"][name].shape == value.shape for name, value in mine["model"].items())
+    assert foreign["run_id"] != mine["run_id"]
+    checkpoint = tl.load_checkpoint(out / "checkpoint.pt")
+    belong = f"does not belong to the run of its folder's checkpoint (run {mine['run_id']})"
+
+    def refused(path: Path, contents: bytes) -> None:
+        path.write_bytes(contents)
+        with pytest.raises(tl.checkpoint_checks.CheckpointError, match=re.escape(f"{path} {belong}")):
+            tl.load_translator(out, "cpu", average_last=2)
+        with pytest.raises(tl.checkpoint_checks.CheckpointError, match=re.escape(belong)):
+            tr.read_epoch_weights(path, checkpoint)
+
+    original = (out / "epoch-002.pt").read_bytes()
+    refused(out / "epoch-002.pt", (other / "epoch-002.pt").read_bytes())  # another run's, same shapes: refused
+    refused(out / "epoch-002.pt", (out / "epoch-001.pt").read_bytes())  # epoch 1's weights under epoch 2's name
+    further = {**mine, "step": mine["step"] + 1}  # weights of a later step than the checkpoint's
+    further["checksum"] = tl.checkpoint_checks.weights_checksum(further)
+    torch.save(further, tmp_path / "further.pt")
+    refused(out / "epoch-002.pt", (tmp_path / "further.pt").read_bytes())
+    (out / "epoch-002.pt").write_bytes(original)
+    tl.load_translator(out, "cpu", average_last=2)  # its own file back: it loads

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's transformer_lib, whatever is installed
 
-from transformer_lib.runs import atomic_write_text  # noqa: E402  (never half a file, never through a link)
+from transformer_lib.files import atomic_write_text  # noqa: E402  (never half a file, never through a link)
 
 
 def gpu_facts() -> dict:

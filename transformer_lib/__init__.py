@@ -1,9 +1,11 @@
 """transformer_lib: the encoder-decoder Transformer built piece by piece in the book "Transformer, Piece by Piece".
 
 The modules of the chapters (embedding, positional, attention, masks, multihead, model, training, decoding, data,
-scoring, translation, attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading (the exercise graders), distributed (training
-under torchrun), runs (safe files, settings checks, clear errors), explorers (the interactive figures of chapters 8
-and 9) and cli (the command line, `python -m transformer_lib`) are written by hand.
+scoring, translation, validation, recipe, attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading
+(the exercise graders), distributed (training under torchrun), the helpers of a run with their clear errors (files:
+safe writes and reads; settings: settings checks; checkpoint_checks; runs: run folders; guards: the lock, Ctrl-C and
+divergence), explorers (the interactive figures of chapters 8 and 9) and cli (the command line,
+`python -m transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention
@@ -37,7 +39,7 @@ from transformer_lib.model import (
 from transformer_lib.multihead import MultiHeadAttention, explicit_attention
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from transformer_lib.runtime import get_device, is_smoke, smoke_or  # the smoke switch: the book's, not in __all__
-from transformer_lib.scoring import corpus_scores
+from transformer_lib.scoring import bootstrap_interval, corpus_scores, paired_bootstrap, tutorial_bleu
 from transformer_lib.training import (
     TrainState,
     load_checkpoint,
@@ -47,14 +49,9 @@ from transformer_lib.training import (
     train,
     translation_loss,
 )
-from transformer_lib.translation import (
-    average_checkpoints,
-    decoding_settings,
-    epoch_weights,
-    load_translator,
-    train_translator,
-    translate,
-)
+from transformer_lib.recipe import train_translator
+from transformer_lib.translation import average_checkpoints, decoding_settings, epoch_weights, load_translator, translate
+from transformer_lib.validation import best_decoding, validation_sweep
 
 from transformer_lib import scoreboard  # the records of full runs: tl.scoreboard
 from transformer_lib._version import __version__  # written once, in _version.py
@@ -83,6 +80,8 @@ __all__ = [
     "average_checkpoints",
     "beam_explorer",
     "beam_search",
+    "best_decoding",
+    "bootstrap_interval",
     "causal_mask",
     "check_mask",
     "check_token_ids",
@@ -101,6 +100,7 @@ __all__ = [
     "noam_lr",
     "pad_batch",
     "padding_mask",
+    "paired_bootstrap",
     "save_checkpoint",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
@@ -110,5 +110,7 @@ __all__ = [
     "train_word_tokenizer",
     "train_translator",
     "translate",
+    "validation_sweep",
     "translation_loss",
+    "tutorial_bleu",
 ]

@@ -14,42 +14,27 @@ from pathlib import Path
 
 import torch
 
-from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
-from transformer_lib.embedding import SPECIAL_TOKENS
-from transformer_lib.runs import (
-    DECODING_FILE,
-    LOCK_FILE,
-    MAX_BEAM,
-    RUN_FILES,
-    CheckpointError,
-    DivergedError,
-    atomic_write_text,
-    check_decoding,
-    check_replaceable,
-    check_run_folder,
-    lock_run_folder,
-    merge_settings,
-    read_settings_file,
-    read_decoding,
-    read_run_record,
-    read_text,
-    validate_settings,
-    write_decoding,
-)
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
+from transformer_lib.decoding import EXTRA_TOKENS
+from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
+from transformer_lib.files import atomic_write_text, check_replaceable, read_lines, read_settings_file
+from transformer_lib.guards import DivergedError, lock_run_folder
+from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
+from transformer_lib.runs import DECODING_FILE, check_run_folder, is_run_file, read_run_record, write_decoding
 from transformer_lib.scoreboard import check_scoreboard_folder, run_facts, scoreboard_record, write_scoreboard
 from transformer_lib.scoring import corpus_scores
-from transformer_lib.model import Transformer, TransformerConfig
-from transformer_lib.training import SingleProcess, autocast_dtype, make_optimizer, teacher_forcing_pair, translation_loss
+from transformer_lib.settings import MAX_BEAM
+from transformer_lib.training import SingleProcess
 from transformer_lib.translation import (
     DEFAULT_DECODING,
-    EPOCH_FILE,
-    PRESETS,
-    epoch_weights,
+    check_sentences,
+    checkpoint_file,
+    decoding_source,
     load_translator,
-    train_translator,
     translate,
+    weights_label,
 )
+from transformer_lib.validation import best_decoding, epoch_line, validation_sweep
 
 CHOOSE_ALPHAS = (0.6, 0.8, 1.0, 1.2)  # the length-penalty exponents chapter 8 tries on the validation split
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
@@ -166,8 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--src", help="source language (default: de)")
     train.add_argument("--tgt", help="target language (default: en)")
     length = train.add_mutually_exclusive_group()
-    length.add_argument("--max-steps", type=positive_int, help="stop after this many optimizer steps")
-    length.add_argument("--epochs", type=positive_int, help="stop after this many passes over the data")
+    length.add_argument("--max-steps", type=positive_int,
+                        help="stop after this many optimizer steps in all; with --resume, the run's new length, "
+                             "replacing the saved one (a length already reached is refused)")
+    length.add_argument("--epochs", type=positive_int,
+                        help="stop after this many passes over the data in all (default: the preset's); with "
+                             "--resume, the run's new length, replacing the saved one, steps or epochs")
     train.add_argument("--train-limit", type=positive_int, help="use only the first N training pairs (quick runs)")
     validation = train.add_mutually_exclusive_group()
     validation.add_argument("--valid-limit", type=positive_int,
@@ -211,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--alpha", type=alpha_value, help="length penalty exponent of beam search, 0 for none")
     for command in (translate, choose, evaluate):  # how translate() decodes, and where
         command.add_argument("--max-len", type=positive_int,
-                             help="at most this many tokens per translation (default: the source's length + 50)")
+                             help=f"at most this many tokens per translation (default: the source's length + "
+                                  f"{EXTRA_TOKENS})")
         command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
     for command in (translate, evaluate):
@@ -242,116 +232,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_lines(path: Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not."""
-    text = read_text(path, what)
-    if not text:
-        raise ValueError(f"{what} {str(path)!r} is empty; expected one sentence per line")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    return [line.removesuffix("\r") for line in lines]
-
-
-def _refuse_empty(sentences: list[str], where: str) -> None:
-    for number, sentence in enumerate(sentences, 1):
-        if not sentence.strip():
-            raise ValueError(f"{where} {number} is empty; there is nothing to translate, so give text or remove it")
-    _refuse_special_tokens(sentences, where)
-
-
-def _refuse_special_tokens(sentences: list[str], where: str, numbers: list[int] | None = None) -> None:
-    """The tokenizer reads the text of a special token (<eos>, <pad>, ...) as that token: refuse it, naming the line.
-
-    Refused rather than escaped: escaping would change what translate() feeds the tokenizer (chapter 8's code), and
-    a sentence of a translation corpus holds such text only by mistake.
-    """
-    for number, sentence in zip(numbers or range(1, len(sentences) + 1), sentences):
-        for token in SPECIAL_TOKENS:
-            if token in sentence:
-                label = where.format(number) if "{}" in where else f"{where} {number}"
-                raise ValueError(f"{label} contains {token!r}, the text of a special token, which the "
-                                 f"tokenizer would read as that control token, not as text; remove or rewrite it")
-
-
-def _checkpoint_file(checkpoint: Path) -> Path:
-    """The checkpoint.pt that --checkpoint names (a run folder or the file itself)."""
-    return checkpoint / "checkpoint.pt" if checkpoint.is_dir() else checkpoint
-
-
 def _load(checkpoint: Path, device: torch.device | None = None):
     if not checkpoint.exists():
         raise FileNotFoundError(f"--checkpoint {str(checkpoint)!r} does not exist; give a run folder written by "
                                 f"`train` or the checkpoint.pt inside it")
-    try:  # load_translator names a config or weights that do not fit in one line itself
-        return load_translator(checkpoint, device)
-    except KeyError as error:
-        raise ValueError(f"{checkpoint} is a checkpoint without {error} (a chapter 7 model?); translate and evaluate "
-                         f"need a run folder written by `python -m transformer_lib train`") from None
-
-
-class _OnDevice(SingleProcess):
-    """One process that trains on the device --device names, instead of the best there is."""
-
-    def __init__(self, device: torch.device):
-        self._device = device
-
-    def device(self) -> torch.device:
-        return self._device
-
-
-def _default_preset(device: torch.device) -> str:
-    """multi30k on a GPU; multi30k-cpu, said in one line, where training would run on the CPU."""
-    if device.type == "cuda":
-        return "multi30k"
-    print(f"note: no GPU here ({device.type}), so the preset is multi30k-cpu, sized for a laptop CPU; name "
-          f"--preset multi30k for the GPU's", file=sys.stderr)
-    return "multi30k-cpu"
-
-
-def check_fits_in_memory(settings: dict, device: torch.device, preset: str) -> None:
-    """One training step on the largest batch the settings allow, before training: one line if it does not fit.
-
-    Token-budget batches hold at most max_tokens tokens a side, and the costliest of them, for attention's
-    length-squared scores, is the one of the longest sentences: max_tokens // max_len sentences of max_len tokens.
-    A throwaway model of the same size takes one step on it (Adam's moments included); an out-of-memory error here
-    costs a second instead of a traceback after the data and the tokenizer are ready.
-    """
-    model_settings, training = settings["model"], settings["training"]
-    length = model_settings["max_len"]
-    rows = max(1, training["max_tokens"] // length)
-    vocab = training["vocab_size"]
-    try:
-        model_settings = {"share_embeddings": True, "tie_embeddings": True, **model_settings}  # as train_translator
-        model = Transformer(TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, **model_settings)).to(device)
-        optimizer, _ = make_optimizer(model, model.cfg.d_model)
-        src = torch.randint(4, vocab, (rows, length), device=device)
-        decoder_input, labels = teacher_forcing_pair(torch.randint(4, vocab, (rows, length + 1), device=device))
-        amp = autocast_dtype(device)
-        with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
-            loss = translation_loss(model(src, decoder_input).float(), labels, 0)
-        loss.backward()
-        optimizer.step()
-    except torch.OutOfMemoryError:
-        total = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
-        memory = f"the {total:.1f} GiB of {torch.cuda.get_device_name(device)}" if total else f"the memory of {device}"
-        raise ValueError(
-            f"preset {preset} does not fit {memory}: one training step on its largest batch ({rows} sentences of "
-            f"{length} tokens, max_tokens={training['max_tokens']}) ran out of memory; lower max_tokens with --config, "
-            f'e.g. {{"training": {{"max_tokens": {training["max_tokens"] // 2}}}}}') from None
-    finally:
-        model = optimizer = src = decoder_input = labels = loss = None  # noqa: F841 (free it before training)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    return load_translator(checkpoint, device)  # a file that is not a run's checkpoint: one line, from the library
 
 
 def _train_settings(args: argparse.Namespace, device: torch.device) -> tuple[dict | None, str, dict]:
     """The --config overrides, the preset and the settings they make, checked before anything is written."""
-    preset = args.preset or _default_preset(device)
+    preset = args.preset or default_preset(device)
+    if args.preset is None and device.type != "cuda":
+        print(f"note: no GPU here ({device.type}), so the preset is {preset}, sized for a laptop CPU; name --preset "
+              f"multi30k for the GPU's", file=sys.stderr)
     overrides = read_settings_file(args.config) if args.config else None
-    settings = validate_settings(merge_settings(PRESETS[preset], overrides, source=f"--config {args.config}"),
-                                 PRESETS[preset])
-    return overrides, preset, settings
+    return overrides, preset, resolve_settings(preset, overrides, source=f"--config {args.config}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -385,7 +280,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if launched_by_torchrun():
             process = TorchrunProcess()
         else:  # None: train_translator's SingleProcess, on the best device there is
-            process = _OnDevice(args.device) if args.device is not None else None
+            process = SingleProcess(args.device)  # --device, or the best there is
         validation = _validation_arguments(args)
         try:
             summary = train_translator(
@@ -408,15 +303,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _epoch_line(record: dict) -> None:
     """With --no-progress, train_translator prints nothing: one line per epoch record still says how training goes."""
-    if launch_info().rank != 0:
-        return  # under torchrun, rank 0 speaks for all processes
-    parts = [f"epoch {record['epoch']}: step {record['step']}, {record['minutes']:.1f} min"]
-    for key, label in (("train_loss", "training loss"), ("valid_loss", "validation loss")):
-        if record.get(key) is not None:
-            parts.append(f"{label} {record[key]:.3f}")
-    if record.get("valid_bleu") is not None:
-        parts.append(f"validation BLEU {record['valid_bleu']:.2f} (greedy)")
-    print(", ".join(parts), flush=True)
+    if launch_info().rank == 0:  # under torchrun, rank 0 speaks for all processes
+        print(epoch_line(record), flush=True)
 
 
 def _validation_arguments(args: argparse.Namespace) -> dict:
@@ -451,13 +339,13 @@ def _stdin_sentences() -> list[str]:
         print(f"note: skipped {len(skipped)} empty line{'s' if len(skipped) > 1 else ''} of standard input "
               f"(line {', '.join(skipped[:10])}{', ...' if len(skipped) > 10 else ''})", file=sys.stderr)
     kept = [(number, line) for number, line in enumerate(lines, 1) if line]
-    _refuse_special_tokens([line for _, line in kept], "line {} of standard input", [number for number, _ in kept])
+    check_sentences([line for _, line in kept], [f"line {number} of standard input" for number, _ in kept])
     return [line for _, line in kept]
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     if args.sentences:
-        _refuse_empty(args.sentences, "sentence")
+        check_sentences(args.sentences, [f"sentence {number}" for number in range(1, len(args.sentences) + 1)])
         sentences = args.sentences
     else:
         sentences = _stdin_sentences()
@@ -470,36 +358,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decoding_source(checkpoint: Path) -> tuple[dict, str, dict | None]:
-    """The run's decoding settings, where they come from, and the decoding.json record (None without one).
-
-    First the run folder's decoding.json, then the run record's settings["decoding"], then DEFAULT_DECODING.
-    """
-    path = _checkpoint_file(checkpoint)
-    record = read_decoding(path.parent)
-    if record is not None:
-        return ({key: record[key] for key in DEFAULT_DECODING},
-                f"{path.parent / DECODING_FILE} (chosen on the {record['chosen_on']} split)", record)
-    try:
-        settings = read_run_record(path)["run"]["settings"]
-    except CheckpointError:  # a checkpoint without a run record has no settings: the defaults, and the note says so
-        settings = {}
-    if isinstance(settings, dict) and settings.get("decoding") is not None:
-        where = f"{path}: the run's settings['decoding']"
-        return check_decoding(settings["decoding"], where), "the run's settings (settings['decoding'])", None
-    where = f"the defaults ({path.parent} has no {DECODING_FILE} and its settings no decoding)"
-    return dict(DEFAULT_DECODING), where, None
-
-
 def _decoding(args: argparse.Namespace) -> tuple[int, float]:
     """The beam size and alpha to decode with: --beam and --alpha, else the run's; a note on stderr says where from."""
-    source, where, _ = _decoding_source(args.checkpoint)
+    file = checkpoint_file(args.checkpoint)
+    source, where, _ = decoding_source(file)
     beam = args.beam if args.beam is not None else source["beam_size"]
     alpha = args.alpha if args.alpha is not None else source["alpha"]
     if args.beam is None and args.alpha is None:
-        averaged = source["average_last"]
-        weights = f", with the average of the weights of the last {averaged} epochs" if averaged > 1 else ""
-        print(f"note: decoding with beam {beam} and alpha {alpha:g}, from {where}{weights}", file=sys.stderr)
+        print(f"note: decoding with beam {beam} and alpha {alpha:g}, from {where}, with "
+              f"{weights_label(file, source['average_last'])}", file=sys.stderr)
     elif args.beam is None or args.alpha is None:
         print(f"note: decoding with beam {beam} ({'--beam' if args.beam is not None else f'from {where}'}) and alpha "
               f"{alpha:g} ({'--alpha' if args.alpha is not None else f'from {where}'})", file=sys.stderr)
@@ -507,10 +374,7 @@ def _decoding(args: argparse.Namespace) -> tuple[int, float]:
 
 
 def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, max_len: int | None) -> list[str]:
-    """translate() with --max-len checked against the model; a warning naming the sentences that came out empty."""
-    if max_len is not None and max_len > model.cfg.max_len - 1:  # <bos> takes one position
-        raise ValueError(f"--max-len {max_len} is more than this model's positions allow: at most "
-                         f"{model.cfg.max_len - 1} tokens (its max_len is {model.cfg.max_len}, one is <bos>)")
+    """translate(), with a warning naming the sentences that came out empty."""
     translations = translate(model, tokenizer, sentences, beam_size=beam, max_len=max_len, alpha=alpha)
     empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
     if empty:
@@ -537,11 +401,8 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
             raise ValueError(f"--save-hyp {str(target)!r} is the --{flag.replace('_', '-')} and would be "
                              f"overwritten; give another file name for the translations")
     if args.checkpoint is not None:
-        checkpoint = _checkpoint_file(args.checkpoint)
-        run = {(checkpoint.parent.resolve() / name) for name in (*RUN_FILES, LOCK_FILE)}
-        in_run = target.parent.resolve() == checkpoint.parent.resolve()
-        if (target.parent.resolve() / target.name) in run | {checkpoint.resolve()} or (
-                in_run and EPOCH_FILE.fullmatch(target.name)) or (
+        checkpoint = checkpoint_file(args.checkpoint)
+        if (target.parent.resolve() == checkpoint.parent.resolve() and is_run_file(target.name)) or (
                 target.exists() and checkpoint.exists() and target.samefile(checkpoint)):
             raise ValueError(f"--save-hyp {str(target)!r} is a file of the run being evaluated ({checkpoint.parent}: "
                              f"its checkpoint, tokenizer, history, decoding, lock or epoch weights), which only "
@@ -551,8 +412,8 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
 def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
     """What evaluate --scoreboard records besides the test scores, checked before any sentence is translated."""
     check_scoreboard_folder(args.scoreboard, "--scoreboard")
-    checkpoint = _checkpoint_file(args.checkpoint)
-    decoding, where, record = _decoding_source(args.checkpoint)
+    checkpoint = checkpoint_file(args.checkpoint)
+    decoding, where, record = decoding_source(checkpoint)
     if where.startswith("the defaults"):
         raise ValueError(f"--scoreboard records the decoding chosen on the validation split, and {checkpoint.parent} "
                          f"has no {DECODING_FILE} and its settings no decoding part; choose it first: python -m "
@@ -561,48 +422,28 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
             "validation": record.get("validation") if record else None}
 
 
-def _weights_label(average_last: int) -> str:
-    return "final weights" if average_last == 1 else f"average of the last {average_last} epochs"
-
-
 def cmd_choose(args: argparse.Namespace) -> int:
     """Decode the validation split for each (averaged weights, alpha); write the best, by BLEU, to decoding.json."""
-    checkpoint = _checkpoint_file(args.checkpoint)
+    checkpoint = checkpoint_file(args.checkpoint)
     if not checkpoint.exists():
         _load(args.checkpoint)  # the one-line message for a missing checkpoint
     run = read_run_record(checkpoint)["run"]
     folder = checkpoint.parent
-    kept = len(epoch_weights(folder))
-    averages = args.average or [1] + ([kept] if kept > 1 else [])
-    too_many = [n for n in averages if n > max(kept, 1)]
-    if too_many:
-        raise ValueError(f"--average {too_many[0]} needs the weights of the run's last {too_many[0]} epochs, and "
-                         f"{folder} keeps {kept} (training setting keep_checkpoints); give counts from 1 to "
-                         f"{max(kept, 1)}")
-    settings = run.get("settings", {}).get("decoding") or {}
-    beam = args.beam if args.beam is not None else settings.get("beam_size", DEFAULT_DECODING["beam_size"])
-    alphas = list(dict.fromkeys(args.alpha)) if beam > 1 else [0.0]  # greedy search has no length penalty
-    averages = list(dict.fromkeys(averages))
-    tried = []
+    beam = args.beam if args.beam is not None else decoding_source(folder, run)[0]["beam_size"]
     with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
         pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
         used = pairs[: args.limit]  # all of them without --limit
-        sources, references = [s for s, _ in used], [t for _, t in used]
         print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: "
               f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences, "
-              f"beam {beam}; {len(averages) * len(alphas)} decodings", flush=True)
-        for average_last in averages:
-            model, tokenizer = load_translator(checkpoint, args.device, average_last=average_last)
-            for alpha in alphas:
-                scores = corpus_scores(_translate(model, tokenizer, sources, beam, alpha, args.max_len), references)
-                tried.append((scores["bleu"], average_last, alpha, scores))
-                print(f"  {_weights_label(average_last):32s} alpha {alpha:.1f}: BLEU {scores['bleu']:5.2f}   "
-                      f"BP {scores['bp']:.3f}   length ratio {scores['ratio']:.3f}", flush=True)
-        bleu, average_last, alpha, scores = max(tried, key=lambda row: row[0])  # the first of equal scores
-        chosen = {"beam_size": beam, "alpha": alpha, "average_last": average_last}
-        path = write_decoding(folder, chosen, chosen_on="validation", validation=scores)
-    print(f"chosen on the validation split: {_weights_label(average_last)}, beam {beam}, alpha {alpha}, BLEU "
-          f"{bleu:.2f}; written to {path} (translate and evaluate decode with it)")
+              f"beam {beam}", flush=True)
+        rows = validation_sweep(folder, used, beam_size=beam, alphas=args.alpha, average_lasts=args.average,
+                                max_len=args.max_len, device=args.device)
+        best = best_decoding(rows)
+        chosen = {key: best[key] for key in ("beam_size", "alpha", "average_last")}
+        path = write_decoding(folder, chosen, chosen_on="validation", validation=best["scores"],
+                              weights=best["weights"])
+    print(f"chosen on the validation split: {best['weights']}, beam {beam}, alpha {best['alpha']}, BLEU "
+          f"{best['scores']['bleu']:.2f}; written to {path} (translate and evaluate decode with it)")
     return 0
 
 
@@ -620,7 +461,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.hyp_file:
         if not args.ref_file or args.src_file or args.split or args.checkpoint:
             raise UsageError("--hyp-file goes with --ref-file alone")
-        hypotheses, references = _read_lines(args.hyp_file, "--hyp-file"), _read_lines(args.ref_file, "--ref-file")
+        hypotheses, references = read_lines(args.hyp_file, "--hyp-file"), read_lines(args.ref_file, "--ref-file")
     else:
         if args.checkpoint is None:
             raise UsageError("give --checkpoint with --split or with --src-file/--ref-file, or --hyp-file with --ref-file")
@@ -634,15 +475,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.split:
             if not args.checkpoint.exists():
                 _load(args.checkpoint)  # the one-line message for a missing checkpoint
-            run = read_run_record(_checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
+            run = read_run_record(checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
             if args.scoreboard is not None:
                 facts = _scoreboard_facts(args, run)
             model, tokenizer = _load(args.checkpoint, args.device)
             pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
         else:
-            sources, references = _read_lines(args.src_file, "--src-file"), _read_lines(args.ref_file, "--ref-file")
-            _refuse_empty(sources, f"--src-file {args.src_file}: line")
+            sources, references = read_lines(args.src_file, "--src-file"), read_lines(args.ref_file, "--ref-file")
+            check_sentences(sources, [f"--src-file {args.src_file}: line {n}" for n in range(1, len(sources) + 1)])
             if len(sources) != len(references):
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")

@@ -1,0 +1,188 @@
+"""Files that are never half-written, and files read with one clear line for what is wrong (hand-written: plumbing
+the chapters call in one line each).
+
+- `atomic_open`, `atomic_write_text`, `write_json`: a file is written beside its target under a new random name
+  (created exclusively, never through a link), flushed to disk (fsync) and renamed over it with os.replace, so that
+  a crash or Ctrl-C leaves either the old file or the new one, never half of one. A target that is a link or not a
+  regular file is refused (`check_replaceable`): nothing is written through a link this module did not create.
+- `read_text`, `read_json`, `read_settings_file`, `check_data_file`: a file that is not UTF-8, not JSON or not the
+  JSON expected gives one line naming it and the place, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in folder durable (POSIX); Windows cannot open a folder, and needs no such step."""
+    if os.name != "posix":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def check_replaceable(path: str | Path, what: str = "file") -> Path:
+    """Refuse a target that an atomic write would wrongly replace: a symbolic link, or anything but a regular file.
+
+    A rename replaces a link by a regular file (a link to /dev/stdout would stop being one) and a FIFO by a file no
+    reader waits on; writing through the link instead would write where the link's owner chose. So neither is done.
+    """
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode  # lstat: the link itself, not what it points to
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"{what} {str(path)!r} is a symbolic link (to {os.readlink(path)!r}); it is never written "
+                         f"through or replaced: give the path of a regular file, or remove the link")
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "special")
+        raise ValueError(f"{what} {str(path)!r} is {kind}, not a regular file; expected a regular file or a new name")
+    return path
+
+
+# O_EXCL creates the file or fails, and never follows a link (even a dangling one) at that name; O_NOFOLLOW too.
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty file beside path with an unguessable name (.NAME.RANDOM.tmp), created by this call alone."""
+    for _ in range(100):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temporary, _EXCLUSIVE, 0o666), temporary  # 0o666 less the umask, as open() would
+        except FileExistsError:
+            continue  # taken (by chance, or planted): draw another name
+    raise FileExistsError(f"could not create a temporary file beside {path}: 100 random names were taken")
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """Write a new temporary file beside path; on success flush, fsync and os.replace it onto path; else remove it.
+
+    The temporary file is created exclusively under a random name, so no link planted in the folder is followed and
+    no file of the user's (such as path.tmp) is touched. A path that is a link or not a regular file is refused.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    path = check_replaceable(path)
+    descriptor, temporary = _create_temporary(path)  # same folder, so that os.replace is a rename, not a copy
+    try:
+        with os.fdopen(descriptor, mode, encoding=encoding if mode == "w" else None) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+        _fsync_folder(path.parent)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write text (UTF-8) to path atomically: readers see the old file or the new one, never a part."""
+    with atomic_open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+
+
+def strict_json(value: Any) -> Any:
+    """value with every NaN or infinity replaced by None, so that json.dumps gives strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write value as strict JSON (non-finite numbers become null), atomically."""
+    atomic_write_text(path, json.dumps(strict_json(value), allow_nan=False) + "\n")
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file, with an error naming the file and the first bad byte when it is not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
+                         f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`") from None
+
+
+def read_lines(path: str | Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not."""
+    text = read_text(path, what)
+    if not text:
+        raise ValueError(f"{what} {str(path)!r} is empty; expected one sentence per line")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_json(path: Path, what: str, writer: str) -> Any:
+    """The JSON value of a file this package wrote; one line naming the file (and the place of a syntax error)."""
+    try:
+        return json.loads(read_text(path, what))
+    except (json.JSONDecodeError, RecursionError) as error:
+        where = f" (line {error.lineno}, column {error.colno}: {error.msg})" if isinstance(
+            error, json.JSONDecodeError) else ""
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON{where}; write it again with {writer}, or remove "
+                         f"it") from None
+
+
+def read_settings_file(path: str | Path) -> Any:
+    """The JSON of a settings file (--config), with the line and column of a syntax error."""
+    text = read_text(path, "--config")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"--config {str(path)!r} is nested too deeply to read; expected an object of two levels, "
+                         f'like {{"training": {{"epochs": 5}}}}') from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--config {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: "
+                         f"{error.msg}); fix the file, e.g. check it with `python -m json.tool {path}`") from None
+    if not isinstance(value, dict):
+        raise ValueError(f'--config {str(path)!r} must hold a JSON object like {{"training": {{"epochs": 5}}}}, '
+                         f"got {json.dumps(value)[:60]}")
+    return value
+
+
+def check_data_file(path: str | Path) -> Path:
+    """A local corpus file must be UTF-8 text with at least one line: say so, naming it, before datasets fails."""
+    text = read_text(path, "data file")
+    if not text.strip():
+        raise ValueError(f"data file {str(path)!r} is empty; expected one JSON object per line, with a string for "
+                         f"each language")
+    for number, line in enumerate(text.split("\n"), 1):  # datasets' own error would be a long traceback
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as error:
+            where = f" (line 1, column {error.colno}: {error.msg})" if isinstance(error, json.JSONDecodeError) else ""
+            raise ValueError(f"data file {str(path)!r}: line {number} is not valid JSON{where}; expected one JSON "
+                             f"object per line, with a string for each language: fix or remove that line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"data file {str(path)!r}: line {number} is not a JSON object but "
+                             f"{type(row).__name__} {line.strip()[:60]!r}; expected one object per line, with a "
+                             f"string for each language")
+    return Path(path)
