@@ -410,7 +410,7 @@ def test_a_run_record_without_the_keys_of_this_version_is_one_line(tmp_path, cap
     line = one_error_line(err)
     assert code == 1 and out == "" and line.startswith(
         f"error: {run / 'checkpoint.pt'} holds a run record without 'id', 'validate': it was not written by "
-        f"train_translator")
+        f"this version's train_translator")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"] and (run / "checkpoint.pt").read_bytes() == before
 
 
@@ -479,8 +479,8 @@ def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_ch
 
     result = cli("choose", "--checkpoint", str(run), "--average", "5")
     line = one_error_line(result.stderr)
-    assert result.returncode == 1 and "average_last=5 averages the weights of the run's last 5 epochs" in line
-    assert "the run finished 2 epochs" in line and "keeps those of epochs 1, 2" in line
+    assert result.returncode == 1 and "--average 5: " in line and "keeps the weights of 2 epochs" in line
+    assert "training setting keep_checkpoints" in line and "give counts from 1 to 2" in line
     assert not (run / "decoding.json").exists()
 
     result = cli("choose", "--checkpoint", str(run), "--beam", "2", "--alpha", "0.6", "1.0", "--max-len", "30")
@@ -535,3 +535,29 @@ def test_sentences_are_named_as_the_user_gave_them(tmp_path, capsys, monkeypatch
     code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(tmp_path / "nowhere"), "--src-file", str(src),
                             "--ref-file", str(ref))
     assert code == 1 and one_error_line(err).startswith(f"error: --src-file {src}: line 4 is empty or only spaces")
+
+
+def test_resume_takes_a_new_length_and_refuses_one_already_reached_in_one_line(tmp_path, capsys, monkeypatch):
+    from test_translation import QUICK, tiny_corpus
+
+    from transformer_lib import data
+
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    config, run = tmp_path / "quick.json", tmp_path / "run"
+    config.write_text(json.dumps(QUICK), encoding="utf-8")
+    code, out, err = run_main(capsys, "train", "--preset", "tiny", "--config", str(config), "--max-steps", "2",
+                              "--out", str(run), "--no-progress")
+    assert code == 0 and "trained 2 steps" in out, err
+    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress")
+    assert code == 0 and "trained 3 steps" in out, err
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
+    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress")
+    assert code == 1 and one_error_line(err).startswith(
+        f"error: max_steps=3 is no longer than what the run in {run} has already trained, 3 steps (0 epochs)")
+    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--no-progress")
+    assert code == 1 and one_error_line(err).startswith(f"error: the run in {run} is finished")
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before
+    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "4", "--epochs", "1")
+    assert code == 2 and "not allowed with argument" in err
+    code, out, _ = run_main(capsys, "train", "--help")
+    assert code == 0 and "a length already reached is refused" in " ".join(out.split())  # the rule, said in --help

@@ -1,5 +1,6 @@
 """Chapter 8's recipe pieces: the loss history's windows, the weights kept at the end of epochs and their average,
-the recorded decoding settings, the run's length, validation limits, and the checks at the library's doors."""
+the recorded decoding settings, the run's id in every file of the run, the run's length on resume, validation limits,
+the memory check, and the checks at the library's doors."""
 
 import json
 import math

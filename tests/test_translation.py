@@ -151,7 +151,7 @@ def test_empty_sentences_are_refused_and_a_toy_checkpoint_is_not_a_translator(tm
     optimizer, scheduler = tl.make_optimizer(model, 32)
     tl.save_checkpoint(tmp_path / "toy.pt", model, optimizer, scheduler, None, tl.TrainState())
     with pytest.raises(ValueError, match="toy.pt holds no run record and no tokenizer: it was not written by "
-                                         "train_translator"):
+                                         "this version.s train_translator"):
         tr.load_translator(tmp_path / "toy.pt", "cpu")
 
 
@@ -196,8 +196,8 @@ def test_translate_refuses_a_max_len_beyond_the_models_positions_in_one_line(max
     tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
     with pytest.raises(ValueError) as refused:
         tr.translate(model, tokenizer, ["ein hund"], max_len=max_len)
-    assert str(refused.value) == (f"max_len must be a positive integer of at most 39 for this model (its max_len is 40, "
-                                  f"and <bos> takes one position), got {max_len!r}")
+    assert str(refused.value) == ("max_len must be a positive integer of at most 39 for this model (its max_len is "
+                                  f"40, and <bos> takes one position), got {max_len!r}")
 
 
 def test_translate_accepts_every_max_len_the_positions_allow():
@@ -268,5 +268,10 @@ def test_an_epoch_file_of_another_run_renamed_or_trained_further_is_refused(tmp_
     further["checksum"] = tl.checkpoint_checks.weights_checksum(further)
     torch.save(further, tmp_path / "further.pt")
     refused(out / "epoch-002.pt", (tmp_path / "further.pt").read_bytes())
+    for keys in ({**mine, "optimizer": {}}, {k: v for k, v in mine.items() if k != "run_id"}):  # EPOCH_KEYS, exactly
+        torch.save(keys, out / "epoch-002.pt")
+        with pytest.raises(tl.checkpoint_checks.CheckpointError, match="is not a file of epoch weights written by "
+                                                                        "train_translator; remove it"):
+            tl.load_translator(out, "cpu", average_last=2)
     (out / "epoch-002.pt").write_bytes(original)
     tl.load_translator(out, "cpu", average_last=2)  # its own file back: it loads

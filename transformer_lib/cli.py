@@ -29,6 +29,7 @@ from transformer_lib.translation import (
     DEFAULT_DECODING,
     check_sentences,
     checkpoint_file,
+    epoch_weights,
     decoding_source,
     load_translator,
     translate,
@@ -429,6 +430,10 @@ def cmd_choose(args: argparse.Namespace) -> int:
         _load(args.checkpoint)  # the one-line message for a missing checkpoint
     run = read_run_record(checkpoint)["run"]
     folder = checkpoint.parent
+    kept = len(epoch_weights(folder))
+    if any(n > max(kept, 1) for n in args.average or []):
+        raise ValueError(f"--average {max(args.average)}: {folder} keeps the weights of {kept} epochs (training "
+                         f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")
     beam = args.beam if args.beam is not None else decoding_source(folder, run)[0]["beam_size"]
     with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
         pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])

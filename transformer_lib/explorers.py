@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from transformer_lib.decoding import greedy_decode, length_penalty
+from transformer_lib.decoding import greedy_decode, length_penalty, output_budget
 from transformer_lib.embedding import BOS_ID, EOS_ID, PAD_ID
 from transformer_lib.masks import padding_mask
 from transformer_lib.model import Transformer
@@ -55,7 +55,7 @@ def trace_beam_search(
     was_training = model.training
     model.eval()
     try:
-        max_len = max_len or min(model.cfg.max_len - 1, src.size(1) + 50)  # beam_search's default
+        max_len = max_len or output_budget(model, src.size(1))  # beam_search's default
         pad_id = model.cfg.pad_id
         src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
         memory = model.encode(src, src_mask)  # (1, S, d_model)
@@ -116,7 +116,7 @@ def beam_rows(model: Transformer, tokenizer, sources: Sequence[str], beam_size: 
     steps_rows, final_rows = [], []
     for s, sentence in enumerate(sources):
         src = torch.tensor([tokenizer.encode(sentence).ids], device=device)  # (1, S)
-        cap = max_len or min(model.cfg.max_len - 1, src.size(1) + 50)
+        cap = max_len or output_budget(model, src.size(1))
         greedy = [BOS_ID] + greedy_decode(model, src, cap, BOS_ID, EOS_ID)[0].tolist()
         greedy = greedy[: greedy.index(EOS_ID) + 1] if EOS_ID in greedy else greedy
         with torch.no_grad():  # greedy's log-probability: beam search of size 1 is greedy decoding

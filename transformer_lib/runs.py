@@ -180,7 +180,7 @@ def read_run_record(path: str | Path) -> dict:
     if not isinstance(extra, dict) or not isinstance(extra.get("tokenizer"), str):
         lacks.append("no tokenizer")
     if lacks:
-        raise CheckpointError(f"{path} holds {' and '.join(lacks)}: it was not written by train_translator (chapter "
-                              f"7's train writes such files); resuming and --split need a run folder written by "
-                              f"`python -m transformer_lib train`")
+        raise CheckpointError(f"{path} holds {' and '.join(lacks)}: it was not written by this version's "
+                              f"train_translator (chapter 7's train and older versions write such files); translating, "
+                              f"evaluating and resuming need a run folder written by `python -m transformer_lib train`")
     return extra
