@@ -180,20 +180,16 @@ def check_record(record: Any, what: str = "record") -> dict:
                                                       "test_lowercase_tokenized_bleu", "code_hash", "notes")})
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
-    if "precision" in record:  # optional: records of a device's own precision leave it out
-        if record["precision"] is None:
-            raise ValueError(f"{what}: precision, when present, must not be None (leave it out instead)")
-        try:
-            _check_precision(record["precision"])
-        except ValueError as error:
-            raise ValueError(f"{what}: {error}") from None
-    if "test_tutorial_bleu" in record:  # optional: a record made without spaCy leaves it out
-        if record["test_tutorial_bleu"] is None:
-            raise ValueError(f"{what}: test_tutorial_bleu, when present, must not be None (leave it out instead)")
-        try:
-            _check_tutorial_bleu(record["test_tutorial_bleu"])
-        except ValueError as error:
-            raise ValueError(f"{what}: {error}") from None
+    optional = {"precision": _check_precision,  # records of a device's own precision leave it out
+                "test_tutorial_bleu": _check_tutorial_bleu}  # a record made without spaCy leaves it out
+    for key, check in optional.items():
+        if key in record:
+            if record[key] is None:
+                raise ValueError(f"{what}: {key}, when present, must not be None (leave it out instead)")
+            try:
+                check(record[key])
+            except ValueError as error:
+                raise ValueError(f"{what}: {error}") from None
     for key in ("device_name", "torch", "transformer_lib", "date"):
         if not isinstance(record[key], str) or not 0 < len(record[key]) <= 200:
             raise ValueError(f"{what}: {key} must be a non-empty string of at most 200 characters, got "
