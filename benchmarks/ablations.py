@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positive_int
-from transformer_lib.files import read_json
+from transformer_lib.files import read_checked_json
 from transformer_lib.settings import CHOSEN_ON, is_count, is_minutes, is_score
 from transformer_lib.recipe import PRESETS, resolve_settings
 
@@ -105,7 +105,7 @@ def run_one(args: argparse.Namespace) -> dict:
     import transformer_lib as tl
     from transformer_lib import translation, validation
     from transformer_lib.data import load_pairs
-    from transformer_lib.files import atomic_write_text
+    from transformer_lib.files import write_checked_json
     from transformer_lib.guards import DivergedError
     from transformer_lib.scoring import corpus_scores
 
@@ -140,7 +140,7 @@ def run_one(args: argparse.Namespace) -> dict:
         except DivergedError as error:  # a variant that fails to train is a result, not a crash
             record.update(diverged=True, error=str(error), curve=curve, steps=None, minutes=None,
                           wall_minutes=(time.perf_counter() - started) / 60)
-            atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
+            write_checked_json(record_path(out, args.variant, args.seed), record, indent=1)
             return record
         record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve, load_average=load,
                       minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
@@ -192,7 +192,7 @@ def run_one(args: argparse.Namespace) -> dict:
         record["decodes"] = decodes
         record["test_hypotheses"] = hypotheses  # test2016's 1,000 sentences per decoding, in the split's order
         record["wall_minutes"] = (time.perf_counter() - started) / 60
-        atomic_write_text(record_path(out, args.variant, args.seed), json.dumps(record, indent=1) + "\n")
+        write_checked_json(record_path(out, args.variant, args.seed), record, indent=1)
         return record
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -265,7 +265,7 @@ def read_record(path: Path) -> dict:
         raise RecordError(f"ablation record {str(path)!r} is a link or not a regular file; the records are the files "
                           f"run_one writes")
     try:
-        record = read_json(path, "ablation record", "run_one (run it again with --overwrite)")
+        record = read_checked_json(path, "ablation record", "run_one (run it again with --overwrite)")
     except ValueError as error:  # not UTF-8, or not JSON: named, with where
         raise RecordError(str(error)) from None
     return check_record(record, path)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> dict:
     import transformer_lib as tl
     from transformer_lib import recipe, translation, validation
     from transformer_lib.data import load_pairs
-    from transformer_lib.files import atomic_write_text, read_settings_file
+    from transformer_lib.files import read_settings_file, write_checked_json
 
     overrides = read_settings_file(args.config) if args.config else {}
     if not isinstance(overrides, dict):
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        atomic_write_text(out, json.dumps(report, indent=1) + "\n")
+        write_checked_json(out, report, indent=1)
 
     def on_record(record: dict) -> None:
         report["points"].append(record)

@@ -11,6 +11,7 @@ from test_translation import QUICK, tiny_corpus
 import transformer_lib as tl
 from transformer_lib import recipe
 from transformer_lib import data
+from transformer_lib.files import read_checked_json, write_checked_json
 from transformer_lib.scoring import corpus_scores
 
 import ablations
@@ -140,7 +141,7 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
              "--max-len", "8", "--alpha", "1.0", "--seeds", "0", "--variants", "baseline"]
     assert ablations.main(quick) == 0
     path = ablations.record_path(out, "baseline", 0)
-    good = json.loads(path.read_text(encoding="utf-8"))
+    good = read_checked_json(path, "record", "the test")
     capsys.readouterr()
 
     def refused(argv: list[str], *expected: str) -> None:
@@ -153,18 +154,16 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
     refused([*quick[:7], "2", *quick[8:]], str(path), "epochs_asked 1 where this sweep has 2")
     damaged = {
         "is not valid JSON": lambda: path.write_text('{"variant": "baseline", ', encoding="utf-8"),
-        "lacks": lambda: path.write_text(json.dumps({k: v for k, v in good.items() if k != "test"}), encoding="utf-8"),
-        "a run cut short": lambda: path.write_text(json.dumps({**good, "curve": good["curve"] + good["curve"]}),
-                                                   encoding="utf-8"),
-        "minutes up to a year": lambda: path.write_text(json.dumps({**good, "minutes": 1e308}), encoding="utf-8"),
-        "not a number from 0 to 100": lambda: path.write_text(json.dumps({**good, "test_greedy_final": 101}),
-                                                              encoding="utf-8"),
+        "lacks": lambda: write_checked_json(path, {k: v for k, v in good.items() if k != "test"}),
+        "a run cut short": lambda: write_checked_json(path, {**good, "curve": good["curve"] + good["curve"]}),
+        "minutes up to a year": lambda: write_checked_json(path, {**good, "minutes": 1e308}),
+        "not a number from 0 to 100": lambda: write_checked_json(path, {**good, "test_greedy_final": 101}),
     }
     for expected, damage in damaged.items():
         damage()
         refused(["--summary", str(out)], str(path), expected)  # the table, too, stops at it in one line
         refused(quick, str(path), expected)  # and the sweep neither counts it as done nor runs over it
-    path.write_text(json.dumps({**good, "test_greedy_final": 100.00000000000004}), encoding="utf-8")
+    write_checked_json(path, {**good, "test_greedy_final": 100.00000000000004})
     assert ablations.main(["--summary", str(out)]) == 0  # sacreBLEU's own rounding of a perfect score is a score
 
 

@@ -11,6 +11,7 @@ from test_cli import DATA, ROOT, cli, fake_run, one_error_line, run_main
 import transformer_lib as tl
 from transformer_lib import cli as cli_module
 from transformer_lib import checkpoint_checks, runs
+from transformer_lib.files import read_checked_json, write_checked_json
 from transformer_lib.scoreboard import (
     COLUMNS,
     METRICS,
@@ -61,7 +62,7 @@ def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(
     assert trained[0].startswith("cpu, ") and trained[1].startswith("cpu (fp16, GradScaler), ")
     with pytest.raises(ValueError, match=r"precision must be None .* or one of 'fp16', got 'int8'"):
         record(precision="int8")
-    (tmp_path / paths[0].name).write_text(json.dumps({**fp16, "precision": None}), encoding="utf-8")
+    write_checked_json(tmp_path / paths[0].name, {**fp16, "precision": None})
     with pytest.raises(ValueError, match="precision, when present, must not be None"):
         read_scoreboard(tmp_path)
 
@@ -99,17 +100,17 @@ def test_bad_arguments_are_refused_in_one_line(change, message):
 def test_a_record_is_read_back_only_with_facts_a_machine_could_have_made(tmp_path):
     folder = tmp_path / "scoreboard"
     path = write_scoreboard(record(), folder)
-    made = json.loads(path.read_text(encoding="utf-8"))
+    made = read_checked_json(path, "record", "the test")
     for change, message in [({"cores": 10**9}, "cores must be an integer from 1 to 65536"),
                             ({"training_minutes": 1e308}, "at most a year"),
                             ({"date": "yesterday"}, "date must be the ISO date"),
                             ({"torch": ""}, "torch must be a non-empty string"),
                             ({"test": {**made["test"], "bleu": 100.1}}, "bleu must be a number from 0 to 100")]:
-        path.write_text(json.dumps({**made, **change}), encoding="utf-8")
+        write_checked_json(path, {**made, **change})
         with pytest.raises(ValueError, match=message):
             read_scoreboard(folder)
     perfect = {**made["test"], "bleu": 100.00000000000004}  # what sacreBLEU returns for a perfect translation
-    path.write_text(json.dumps({**made, "test": perfect}), encoding="utf-8")
+    write_checked_json(path, {**made, "test": perfect})
     assert read_scoreboard(folder)[0]["test"]["bleu"] == perfect["bleu"]
 
 
@@ -120,11 +121,11 @@ def test_a_malformed_or_misnamed_scoreboard_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"multi30k-cpu-cpu.json' is not valid JSON \(line 1"):
         read_scoreboard(folder)
     broken = {**record(), "chosen_on": "test"}
-    path.write_text(json.dumps(broken), encoding="utf-8")
+    write_checked_json(path, broken)
     with pytest.raises(ValueError, match="multi30k-cpu-cpu.json': chosen_on must be 'validation'"):
         read_scoreboard(folder)
     path.unlink()
-    (folder / "other.json").write_text(json.dumps(record()), encoding="utf-8")
+    write_checked_json(folder / "other.json", record())
     with pytest.raises(ValueError, match="belongs in multi30k-cpu-cpu.json; rename it"):
         read_scoreboard(folder)
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -175,7 +176,7 @@ def test_the_tutorials_score_is_kept_only_where_it_was_measured(tmp_path):
     write_scoreboard(without, tmp_path)
     assert read_scoreboard(tmp_path) == [without, measured]
     path = tmp_path / "multi30k-cpu-cpu.json"
-    path.write_text(json.dumps({**measured, "test_tutorial_bleu": None}), encoding="utf-8")
+    write_checked_json(path, {**measured, "test_tutorial_bleu": None})
     with pytest.raises(ValueError, match="test_tutorial_bleu, when present, must not be None"):
         read_scoreboard(tmp_path)
 
@@ -208,7 +209,7 @@ def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
     assert {k: saved[k] for k in DECODING} == DECODING and saved["chosen_on"] == "validation"
     assert saved["validation"] == VALIDATION and len(saved["date"]) == 10
     assert saved["weights"] == "the average of epochs 2-3" and saved["run_id"] == run_id(run)
-    written = json.loads(path.read_text(encoding="utf-8"))  # the file itself carries the run's id and the weights
+    written = read_checked_json(path, "record", "the test")  # the file itself carries the run's id and the weights
     assert written["run_id"] == run_id(run) and written["weights"] == "the average of epochs 2-3"
     with pytest.raises(ValueError, match="chosen_on must be 'validation', got 'test'"):
         runs.write_decoding(run, DECODING, "test", weights="the final weights (step 1,234)")
@@ -216,8 +217,8 @@ def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
         runs.write_decoding(run, {**DECODING, "alpha": -1}, "validation", weights="the final weights (step 1,234)")
     with pytest.raises(ValueError, match="weights must name the weights decoded"):
         runs.write_decoding(run, DECODING, "validation", weights="")
-    assert json.loads(path.read_text(encoding="utf-8")) == written  # a refused write leaves the file as it was
-    path.write_text('{"beam_size": 4}', encoding="utf-8")
+    assert read_checked_json(path, "record", "the test") == written  # a refused write leaves the file as it was
+    write_checked_json(path, {"beam_size": 4})
     with pytest.raises(ValueError, match="decoding.json' must hold exactly beam_size, alpha, average_last"):
         runs.read_decoding(run, run_id(run))
     path.write_text("[", encoding="utf-8")
@@ -241,12 +242,12 @@ def test_decoding_json_of_another_run_or_lacking_its_keys_is_refused_in_one_line
         tl.decoding_settings(mine)  # so translate, evaluate and load_translator refuse it too
     with pytest.raises(ValueError, match="was chosen for another run"):
         tl.load_translator(mine, "cpu")
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = read_checked_json(path, "record", "the test")
     for key in ("run_id", "weights", "chosen_on", "date"):
-        (mine / "decoding.json").write_text(json.dumps({k: v for k, v in record.items() if k != key}), encoding="utf-8")
+        write_checked_json(mine / "decoding.json", {k: v for k, v in record.items() if k != key})
         with pytest.raises(ValueError, match=f"decoding.json' lacks {key}; choose again on validation"):
             runs.read_decoding(mine, run_id(mine))
-    (mine / "decoding.json").write_text(json.dumps({**record, "run_id": ""}), encoding="utf-8")
+    write_checked_json(mine / "decoding.json", {**record, "run_id": ""})
     with pytest.raises(ValueError, match="run_id must be a non-empty string, got ''"):
         runs.read_decoding(mine, run_id(mine))
 
@@ -329,7 +330,7 @@ def test_decoding_comes_from_decoding_json_then_the_settings_then_the_defaults(t
     assert code == 0 and seen[-1] == (3, 1.5) and "beam 3 (--beam) and alpha 1.5 (from" in err
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "--beam", "3", "--alpha", "0", "Ein Hund.")
     assert code == 0 and seen[-1] == (3, 0.0) and "note:" not in err
-    (run / "decoding.json").write_text("{}", encoding="utf-8")
+    write_checked_json(run / "decoding.json", {})
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     assert code == 1 and "decoding.json' must hold exactly" in one_error_line(err)
 
@@ -404,3 +405,38 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"scoreboard record written to {board / 'tiny-cpu-fp16.json'}" in result.stdout
     assert [r.get("precision") for r in read_scoreboard(board)] == [None, "fp16"]
+
+
+def test_an_evidence_file_changed_after_it_was_written_is_refused_by_its_checksum(tmp_path):
+    """A flipped byte that still reads as a valid value (alpha 1.0 become 1.5, a BLEU of 37.5 become 97.5) passes
+    every range check; the sha256 each evidence file carries of its own content refuses it, naming the file."""
+    run = fake_run(tmp_path / "run")
+    decoding = runs.write_decoding(run, {**DECODING, "alpha": 1.0}, "validation", weights="the final weights")
+    scoreboard = write_scoreboard(record(), tmp_path / "scoreboard")
+    for path, old, new, read in [
+        (decoding, '"alpha": 1.0', '"alpha": 1.5', lambda: runs.read_decoding(run, run_id(run))),
+        (scoreboard, '"steps": ', '"steps": 1', lambda: read_scoreboard(tmp_path / "scoreboard")),
+    ]:
+        read()  # as written, it reads
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        path.write_text(text.replace(old, new, 1), encoding="utf-8")
+        with pytest.raises(ValueError) as refused:
+            read()
+        assert f"{str(path)!r} fails its sha256 checksum" in str(refused.value) and "\n" not in str(refused.value)
+        without = {k: v for k, v in json.loads(text).items() if k != "sha256"}
+        path.write_text(json.dumps(without), encoding="utf-8")  # the checksum removed: refused too, not trusted
+        with pytest.raises(ValueError, match="has no 'sha256' checksum"):
+            read()
+    with pytest.raises(ValueError, match="without a 'sha256' key"):
+        write_checked_json(tmp_path / "x.json", {"sha256": "mine"})  # the writer adds it; a caller cannot
+
+
+def test_the_stored_evidence_files_pass_their_checksums():
+    """Every record the book reads (scoreboard, ablations, recipe reports) is as its writer left it."""
+    results = ROOT / "benchmarks" / "results"
+    paths = [*(results / "scoreboard").glob("*.json"), *(results / "recipe").glob("*.json"),
+             *(results / "ablations").glob("*/*-seed*.json")]
+    assert len(paths) >= 4
+    for path in paths:
+        read_checked_json(path, "evidence file", "its writer")

@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--scoreboard", type=_run_folder, metavar="DIR",
                           help="with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
                                "(<preset>-<device>-fp16.json for a run trained in float16 with a GradScaler) "
-                               "(training minutes from history.json, steps from the checkpoint, the device where it "
+                               "(training minutes and steps from the checkpoint, the device where it "
                                f"was saved; the decoding from {DECODING_FILE} or the run's settings, never from "
                                f"--beam/--alpha, which it refuses; the validation scores {DECODING_FILE} holds, else "
                                "none). Run it on the machine that "

@@ -7,10 +7,14 @@ the chapters call in one line each).
   regular file is refused (`check_replaceable`): nothing is written through a link this module did not create.
 - `read_text`, `read_json`, `read_settings_file`, `check_data_file`: a file that is not UTF-8, not JSON or not the
   JSON expected gives one line naming it and the place, not a traceback.
+- `write_checked_json`, `read_checked_json`: an evidence file (a run's decoding.json, a scoreboard or ablation
+  record, a recipe report) carries the sha256 of its own content, so that a flipped byte that still reads as a
+  valid value (an alpha of 1.0 become 1.5) is refused when read instead of changing a result.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -114,6 +118,42 @@ def strict_json(value: Any) -> Any:
 def write_json(path: str | Path, value: Any) -> None:
     """Write value as strict JSON (non-finite numbers become null), atomically."""
     atomic_write_text(path, json.dumps(strict_json(value), allow_nan=False) + "\n")
+
+
+CHECKSUM_KEY = "sha256"  # in an evidence file: the checksum of everything else it holds
+
+
+def json_checksum(record: dict) -> str:
+    """sha256 of a JSON object's canonical text (keys sorted, no spaces, strict JSON), its CHECKSUM_KEY left out."""
+    body = {key: value for key, value in record.items() if key != CHECKSUM_KEY}
+    text = json.dumps(strict_json(body), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_checked_json(path: str | Path, record: dict, indent: int | None = None) -> None:
+    """Write record (a dict) as strict JSON with its checksum under CHECKSUM_KEY, atomically."""
+    if not isinstance(record, dict) or CHECKSUM_KEY in record:
+        raise ValueError(f"record must be a dict without a {CHECKSUM_KEY!r} key (write_checked_json adds it), got "
+                         f"{type(record).__name__}")
+    record = strict_json(record)
+    atomic_write_text(path, json.dumps({**record, CHECKSUM_KEY: json_checksum(record)}, indent=indent,
+                                       allow_nan=False, ensure_ascii=False) + "\n")
+
+
+def read_checked_json(path: str | Path, what: str, writer: str) -> dict:
+    """The object in a file write_checked_json wrote, without its checksum; one line naming the file when it is not
+    JSON, not an object, has no checksum or fails it (changed since it was written: by hand, or a flipped byte)."""
+    record = read_json(Path(path), what, writer)
+    if not isinstance(record, dict):
+        raise ValueError(f"{what} {str(path)!r} must hold a JSON object, got {json.dumps(record)[:60]}; write it "
+                         f"again with {writer}")
+    if not isinstance(record.get(CHECKSUM_KEY), str):
+        raise ValueError(f"{what} {str(path)!r} has no {CHECKSUM_KEY!r} checksum (every file {writer} writes "
+                         f"carries one); write it again with {writer}")
+    if record[CHECKSUM_KEY] != json_checksum(record):
+        raise ValueError(f"{what} {str(path)!r} fails its {CHECKSUM_KEY} checksum: it changed after {writer} wrote "
+                         f"it (edited by hand, or damaged); write it again with {writer}, or remove it")
+    return {key: value for key, value in record.items() if key != CHECKSUM_KEY}
 
 
 def read_text(path: str | Path, what: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from transformer_lib.checkpoint_checks import CheckpointError, check_checkpoint, checkpoint_errors
-from transformer_lib.files import check_replaceable, read_json, write_json
+from transformer_lib.files import check_replaceable, read_checked_json, write_checked_json
 from transformer_lib.settings import DECODING_KEYS, check_chosen_on, check_decoding, check_scores
 
 
@@ -100,8 +99,8 @@ def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, we
     id of the run whose checkpoint the folder holds, and optionally the validation scores (corpus_scores) they were
     chosen for.
 
-    Atomic; a decoding.json that is a link or not a regular file is refused. The folder must hold a run's checkpoint.
-    Returns the path.
+    Atomic, with the checksum of its content (files.write_checked_json); a decoding.json that is a link or not a
+    regular file is refused. The folder must hold a run's checkpoint. Returns the path.
     """
     folder = Path(run_folder)
     if not folder.is_dir():
@@ -117,7 +116,7 @@ def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, we
     if validation is not None:
         record["validation"] = check_scores(validation, "validation")
     path = folder / DECODING_FILE
-    write_json(path, record)
+    write_checked_json(path, record)
     return path
 
 
@@ -127,15 +126,14 @@ DECODING_RECORD_KEYS = {*DECODING_KEYS, "weights", "chosen_on", "date", "run_id"
 def read_decoding(run_folder: str | Path, run_id: str) -> dict | None:
     """The record of run_folder/decoding.json, checked, and made for the run run_id; None when the run has none.
 
-    One line for a malformed file, or for the choice of another run (copied in, or left by a replaced run).
+    One line for a malformed file, one changed since it was written (its checksum), or the choice of another run
+    (copied in, or left by a replaced run).
     """
     path = Path(run_folder) / DECODING_FILE
     if not path.exists() and not path.is_symlink():
         return None
     check_replaceable(path, "decoding file")  # a link or a special file is not read either
-    record = read_json(path, "decoding file", "write_decoding")
-    if not isinstance(record, dict):
-        raise ValueError(f"decoding file {str(path)!r} must hold a JSON object, got {json.dumps(record)[:60]}")
+    record = read_checked_json(path, "decoding file", "`python -m transformer_lib choose` (write_decoding)")
     where = f"decoding file {str(path)!r}"
     decoding = check_decoding({key: value for key, value in record.items() if key in DECODING_KEYS}, where)
     extra = sorted(set(record) - DECODING_RECORD_KEYS)

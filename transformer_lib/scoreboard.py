@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from transformer_lib._version import __version__
-from transformer_lib.checkpoint_checks import checkpoint_errors
-from transformer_lib.files import read_json, read_text, write_json
+from transformer_lib.checkpoint_checks import check_checkpoint, checkpoint_errors
+from transformer_lib.files import read_checked_json, read_text, write_checked_json
 from transformer_lib.runtime import cpu_name
 from transformer_lib.settings import (
     MAX_MINUTES,
@@ -225,23 +225,12 @@ def check_scoreboard_folder(folder: str | Path, what: str = "scoreboard folder")
 def run_facts(checkpoint: str | Path, run: dict) -> dict:
     """What a record says of the run in checkpoint (its folder's checkpoint.pt, written by train_translator), besides
     its decoding and scores: device ('cpu' or 'cuda', where its tensors were saved from), precision ('fp16' for a
-    GradScaler's run, else None), training_minutes (the last epoch record of history.json), steps (the checkpoint's)
+    GradScaler's run, else None), training_minutes (the checkpoint's last epoch record), steps (the checkpoint's)
     and notes (what sets it apart from the preset's plain run: another corpus, overridden settings, less data).
 
     run is the checkpoint's run record (runs.read_run_record(...)["run"]). One line for whatever is missing or wrong.
     """
     checkpoint = Path(checkpoint)
-    history = checkpoint.parent / "history.json"
-    if not history.is_file():
-        raise FileNotFoundError(f"the scoreboard takes the training minutes from {history}, which does not exist; it "
-                                f"is written when training ends")
-    epochs = read_json(history, "history file", "train_translator")
-    epochs = epochs.get("epochs") if isinstance(epochs, dict) else None
-    last = epochs[-1] if isinstance(epochs, list) and epochs else None
-    minutes = last.get("minutes") if isinstance(last, dict) else None
-    if not is_minutes(minutes):
-        raise ValueError(f"the scoreboard takes the training minutes from the last epoch record of {history}, which "
-                         f"has none (got {minutes!r}); a run records them at the end of each epoch it validates")
     locations = set()  # where the checkpoint's tensors were saved from: 'cpu', and 'cuda:0' for a run on a GPU
 
     def location(storage, where):
@@ -250,10 +239,17 @@ def run_facts(checkpoint: str | Path, run: dict) -> dict:
 
     with checkpoint_errors(checkpoint):
         saved = torch.load(checkpoint, map_location=location, weights_only=True, mmap=True)
-    steps = saved.get("state", {}).get("step") if isinstance(saved.get("state"), dict) else None
+    state = check_checkpoint(saved, checkpoint, ("config", "model", "state"))["state"]  # its checksum holds
+    steps = state.get("step") if isinstance(state, dict) else None
     if not is_count(steps):
         raise ValueError(f"{checkpoint} records no training step (state['step'] is {steps!r}); the scoreboard needs a "
                          f"checkpoint written by train_translator")
+    epochs = state.get("epochs")  # the epoch records, covered by the checkpoint's checksum (history.json is a copy)
+    minutes = epochs[-1].get("minutes") if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict) \
+        else None
+    if not is_minutes(minutes):
+        raise ValueError(f"the scoreboard takes the training minutes from the last epoch record of {checkpoint}, "
+                         f"which has none (got {minutes!r}); a run records them at the end of each epoch it validates")
     kinds = {place.split(":")[0] for place in locations} - {"cpu"}
     if len(kinds) > 1 or kinds - {"cuda"}:
         raise ValueError(f"{checkpoint} was saved from {', '.join(sorted(locations))}; the scoreboard records runs "
@@ -276,7 +272,8 @@ def run_facts(checkpoint: str | Path, run: dict) -> dict:
 
 
 def write_scoreboard(record: dict, folder: str | Path) -> Path:
-    """Write record to scoreboard_path(record, folder) (atomic, strict JSON), creating folder; returns the path.
+    """Write record to scoreboard_path(record, folder) (atomic, strict JSON, with the checksum of its content),
+    creating folder; returns the path.
 
     The record replaces that preset's earlier record on that device (in that precision). A folder, or a file in it, that is a symbolic
     link is refused: nothing is written through a link this module did not create.
@@ -285,7 +282,7 @@ def write_scoreboard(record: dict, folder: str | Path) -> Path:
     folder = check_scoreboard_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = scoreboard_path(record, folder)
-    write_json(path, record)  # refuses a link or a special file at path
+    write_checked_json(path, record)  # refuses a link or a special file at path
     return path
 
 
@@ -300,7 +297,7 @@ def read_scoreboard(folder: str | Path) -> list[dict]:
         if path.is_symlink() or not path.is_file():
             raise ValueError(f"scoreboard file {str(path)!r} is a link or not a regular file; the scoreboard holds "
                              f"only the files write_scoreboard writes")
-        record = read_json(path, "scoreboard file", "write_scoreboard")
+        record = read_checked_json(path, "scoreboard file", "write_scoreboard")
         check_record(record, f"scoreboard file {str(path)!r}")
         if scoreboard_path(record, folder).name != path.name:
             raise ValueError(f"scoreboard file {str(path)!r} holds the record of {record['preset']} on "
