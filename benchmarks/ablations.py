@@ -41,6 +41,7 @@ from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positi
 from transformer_lib.files import read_checked_json
 from transformer_lib.settings import CHOSEN_ON, is_count, is_minutes, is_score
 from transformer_lib.recipe import PRESETS, resolve_settings
+from transformer_lib.scoring import bootstrap_interval, paired_bootstrap
 
 # name -> (what it changes, settings overrides). The baseline is the preset as chapter 8 trains it: post-norm with
 # warm-up, label smoothing 0.1, dropout 0.1, sinusoidal positions, one embedding matrix shared by source and target,
@@ -298,28 +299,22 @@ def differs_from_sweep(record: dict, args: argparse.Namespace) -> str | None:
 
 def significance(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[tuple[str, int], dict]:
     """sacreBLEU's own statistics of each trained run's test2016 BLEU (the decoding it chose on validation), keyed by
-    (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval (n_samples
-    resamples of the test sentences), and "p_value", the paired bootstrap test (sacreBLEU's paired_bs, as Moses'
-    bootstrap-hypothesis-difference-significance.pl) of the run against the baseline of the same seed, which sees
-    the same batches, on the same resamples; None for the baseline itself and for a seed without a baseline.
-    sacreBLEU fixes its random seed (SACREBLEU_SEED, 12345 by default), so the numbers repeat."""
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    stats = {}
+    (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval
+    (scoring.bootstrap_interval, n_samples resamples of the test sentences), and "p_value", the paired bootstrap test
+    (scoring.paired_bootstrap, sacreBLEU's paired_bs) of the run against the baseline of the same seed, which sees
+    the same batches; None for the baseline itself and for a seed without a baseline. sacreBLEU fixes its random
+    seed (SACREBLEU_SEED, 12345 by default), so the numbers repeat and every run is resampled alike."""
     trained = [r for r in records if not r["diverged"]]
-    for seed in sorted({r["seed"] for r in trained}):
-        runs = {r["variant"]: r for r in trained if r["seed"] == seed}
-        if "baseline" not in runs:  # an interval for each run, no comparison
-            for variant, run in runs.items():
-                score = BLEU().corpus_score(run["test_hypotheses"]["chosen"], [references], n_bootstrap=n_samples)
-                stats[variant, seed] = {"mean": score._mean, "ci": score._ci, "p_value": None}
-            continue
-        order = ["baseline"] + [v for v in VARIANTS if v in runs and v != "baseline"]
-        systems = [(variant, runs[variant]["test_hypotheses"]["chosen"]) for variant in order]
-        _, results = PairedTest(systems, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=n_samples)()
-        for variant, result in zip(order, results["BLEU"]):
-            stats[variant, seed] = {"mean": result.mean, "ci": result.ci, "p_value": result.p_value}
+    baselines = {r["seed"]: r for r in trained if r["variant"] == "baseline"}
+    stats = {}
+    for run in trained:
+        hypotheses = run["test_hypotheses"]["chosen"]
+        interval = bootstrap_interval(hypotheses, references, n_bootstrap=n_samples)
+        baseline = baselines.get(run["seed"])
+        paired = None if baseline is None or baseline is run else paired_bootstrap(
+            baseline["test_hypotheses"]["chosen"], hypotheses, references, n_bootstrap=n_samples)
+        stats[run["variant"], run["seed"]] = {"mean": interval["mean"], "ci": interval["ci"],
+                                              "p_value": None if paired is None else paired["p_value"]}
     return stats
 
 
