@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from test_cli import DATA
 from test_translation import QUICK, tiny_corpus
 
 import transformer_lib as tl
@@ -15,6 +16,7 @@ from transformer_lib.files import read_checked_json, write_checked_json
 from transformer_lib.scoring import corpus_scores
 
 import ablations
+import ablations_page
 
 
 MEASURED = {**QUICK, "training": {**QUICK["training"], "bleu_every": 1}}  # greedy BLEU after every epoch: the curve
@@ -175,3 +177,52 @@ def test_a_bad_argument_is_refused_naming_it(capsys, argument, value):
         ablations.main(["--out", "unused", argument, value])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"argument {argument}" in err and value in err, err
+
+
+# ---- the appendix "What each choice is worth" ----
+
+
+def test_the_appendix_was_made_from_the_records_in_the_repository():
+    assert ablations_page.main(["--check"]) == 0, "run `python benchmarks/ablations_page.py` after adding a record"
+    assert ablations_page.FIGURE.is_file()
+    text = ablations_page.PAGE.read_text(encoding="utf-8")
+    names = [m["name"] for m in ablations_page.BLOCK.finditer(text)]
+    verdicts = {v for name in names if name.startswith("verdict") for v in name.split()[1:]}
+    assert verdicts == set(ablations.VARIANTS) - {"baseline"}, "every variant has its sentences on the page"
+    assert {"status", "runs", "summary"} <= set(names)
+
+
+def test_the_appendix_blocks_are_what_the_records_give():
+    """Every block, made again from the records (with test2016's references for the bootstrap), is the page's."""
+    if not (DATA / "multi30k" / "test.jsonl").is_file():
+        pytest.skip(f"the offline Multi30k copy is not at {DATA}; with the Hub, run benchmarks/ablations_page.py")
+    records = ablations.read_records(ablations_page.RECORDS)
+    references = [en for _, en in data.load_pairs("multi30k", "test", "de", "en")]
+    stats = ablations.significance(records, references)
+    digest = ablations_page.records_digest()
+    for match in ablations_page.BLOCK.finditer(ablations_page.PAGE.read_text(encoding="utf-8")):
+        assert match["body"] == ablations_page.render(match["name"], records, stats, digest), match["name"]
+
+
+def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread_agree():
+    def run(variant: str, seed: int, bleu: float) -> dict:
+        return {"variant": variant, "seed": seed, "diverged": False, "test": {"bleu": bleu}}
+
+    def said(records: list[dict], p_values: dict) -> str:
+        stats = {(r["variant"], r["seed"]): {"ci": 1.5, "p_value": p_values.get((r["variant"], r["seed"]))}
+                 for r in records}
+        return ablations_page.verdict("pre-norm", records, stats)
+
+    one_seed = [run("baseline", 0, 37.5), run("pre-norm", 0, 35.0)]
+    assert "not measured yet" in said(one_seed, {("pre-norm", 0): 0.001})
+    assert "Within the noise: the paired test cannot" in said(one_seed, {("pre-norm", 0): 0.2})
+    seeds = one_seed + [run("baseline", 1, 37.0), run("baseline", 2, 37.9)]  # a spread of 0.9
+    assert "Beyond the noise" in said(seeds, {("pre-norm", 0): 0.001})  # -2.5, more than twice 0.9
+    close = seeds[:1] + [run("pre-norm", 0, 36.0)] + seeds[2:]  # -1.5: below twice the spread
+    assert "not beyond twice the baseline's seed spread (0.90 BLEU over 3 seeds)" in said(
+        close, {("pre-norm", 0): 0.01})
+    both_ways = seeds + [run("pre-norm", 1, 39.5)]  # one seed below, one above: no direction to report
+    assert "Beyond the noise" not in said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
+    assert ablations_page.verdict("dropout-0.3", seeds, {}) == "*dropout-0.3*: not run yet."
+    diverged = seeds[:1] + seeds[2:] + [{"variant": "pre-norm", "seed": 0, "diverged": True, "error": "loss nan at step 12"}]
+    assert "seed 0 diverged (loss nan at step 12)" in ablations_page.verdict("pre-norm", diverged, {})

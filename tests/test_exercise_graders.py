@@ -968,3 +968,12 @@ def test_every_test_named_in_the_common_bugs_appendix_exists():
         assert re.search(rf"^(?:async )?def {test}\(", source, re.M), f"{path}::{test} does not exist"
     graders_named = set(re.findall(r"\b(grade_\w+)\b", text)) - {"grade_against"}
     assert graders_named and graders_named <= set(named_graders()), graders_named - set(named_graders())
+
+
+def test_blockwise_attention_accepts_a_correct_answer_on_many_seeds(capsys):
+    """The notebooks draw a fresh seed each run: a correct answer must pass on any of them, not on most. Before the
+    case of scores of several hundred drew one clear winner per query, float32's rounding of such scores failed a
+    correct answer on about 3 seeds in 2,000 (1515966914 among them, in a build of chapter 5)."""
+    for seed in [1515966914, *range(400)]:
+        grading.grade_blockwise_attention(blockwise, seed=seed)
+        assert capsys.readouterr().out.startswith("Well done")

@@ -114,6 +114,9 @@ def test_every_figure_is_referenced_from_the_book_with_alt_text():
     drawn = {p.name for p in figures.FIGURES_DIR.glob("*.svg")}
     assert drawn == set(figures.REGISTRY), "every SVG in book/figures is drawn by tools/figures.py"
     assert drawn <= referenced, f"figures no page shows: {sorted(drawn - referenced)}"
+    # book/figures/records/: figures drawn from measured records by benchmarks/ablations_page.py, checked there
+    from_records = {p.name for p in (figures.FIGURES_DIR / "records").glob("*")}
+    assert from_records == {"ablation_curves.svg"} and from_records <= referenced
 
 
 def test_every_figure_sits_on_an_opaque_light_panel():

@@ -1,0 +1,220 @@
+"""Keep the appendix "What each choice is worth" equal to the ablation records in benchmarks/results/ablations/.
+
+    python benchmarks/ablations_page.py          # rewrite the page's generated blocks and its figure from the records
+    python benchmarks/ablations_page.py --check  # exit 1 when the page was made from other records than those there
+
+The page, book/appendix_ablations.md, is Markdown written by hand around blocks that this script writes: a block
+runs from `<!-- ablations: NAME -->` to `<!-- end ablations -->`, and NAME says what goes in it: "runs" (one row
+per run), "summary" (one row per variant, the spread over seeds), "status" (which runs are recorded and which are
+still to come) or "verdict VARIANT ..." (the sentences that say what the records show for those variants). The
+curves go to book/figures/records/ablation_curves.svg. Every number in a block comes from a record; the block "status" also
+holds the sha256 of the records it was made from, which --check compares with the records on disk (fast, and
+without the test set: the tests run it). Making the blocks needs test2016's references, for the bootstrap
+(TRANSFORMER_LIB_DATA or the Hub, as everywhere in the book).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "benchmarks" / "results" / "ablations" / "multi30k-cpu"
+PAGE = ROOT / "book" / "appendix_ablations.md"
+FIGURE = ROOT / "book" / "figures" / "records" / "ablation_curves.svg"  # drawn from records, not by tools/figures.py
+BLOCK = re.compile(r"(<!-- ablations: (?P<name>[\w .-]+?) -->\n)(?P<body>.*?)(<!-- end ablations -->)", re.S)
+DIGEST = re.compile(r"records sha256 ([0-9a-f]{64})")
+PLANNED_SEEDS = {"baseline": (0, 1, 2)}  # every other variant: seed 0, and seed 1 where its gap is within the noise
+ALPHA = 0.05  # a paired p-value below it: a gap the test set's sampling does not explain
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ablations  # noqa: E402
+
+
+def records_digest(folder: Path = RECORDS) -> str:
+    """sha256 over the record files' names and bytes, in name order: what the page was made from."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*-seed*.json")):
+        digest.update(path.name.encode("utf-8") + b"\n" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def weights_name(run: dict) -> str:
+    """The weights a run's chosen decoding used, named: "final weights" or "average of epochs 9-12"."""
+    last, epochs = run["chosen"]["average_last"], run["epochs"]
+    return "final weights" if last == 1 else f"average of epochs {epochs - last + 1}-{epochs}"
+
+
+def _number(value: float, digits: int = 2) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def runs_block(records: list[dict], stats: dict) -> str:
+    """One row per run, in the variants' order, then seeds."""
+    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    rows = []
+    for variant in ablations.VARIANTS:
+        for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
+            if run["diverged"]:
+                rows.append([variant, str(run["seed"]), "diverged: " + run["error"]] + ["–"] * 6)
+                continue
+            stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
+            gap = "–" if base is None or base is run else f"{run['test']['bleu'] - base['test']['bleu']:+.2f}"
+            p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
+            decoding = f"alpha {run['chosen']['alpha']}, {weights_name(run)}"
+            rows.append([variant, str(run["seed"]), decoding, _number(run["chosen"]["valid_bleu"]),
+                         f"{run['test']['bleu']:.2f} ± {stat['ci']:.2f}", gap, p, _number(run["minutes"], 1),
+                         f"{sum(run['load_average']) / len(run['load_average']):.1f}" if run.get("load_average")
+                         else "–"])
+    header = ["variant", "seed", "decoding chosen on validation (beam 4)", "validation BLEU",
+              "test BLEU ± 95% CI", "vs baseline", "paired p", "minutes", "load"]
+    return markdown_table(header, rows)
+
+
+def summary_block(records: list[dict]) -> str:
+    """One row per variant: seeds, mean test BLEU and its spread over seeds, greedy validation BLEU, minutes."""
+    table = ablations.summary_table(records)
+    rows = []
+    for _, row in table.iterrows():
+        rows.append([row["variant"], str(row["what changes"]), str(int(row["seeds"])), str(int(row["diverged"])),
+                     _number(row["test BLEU"]), _number(row["test BLEU spread"]),
+                     _number(row.get("validation BLEU (greedy)")), _number(row.get("minutes"), 1)])
+    header = ["variant", "what changes", "runs", "diverged", "test BLEU (mean over seeds)", "spread (max − min)",
+              "validation BLEU, greedy", "minutes"]
+    return markdown_table(header, rows)
+
+
+def status_block(records: list[dict], digest: str) -> str:
+    """Which runs are recorded, where and how; which are still to come."""
+    done = {(r["variant"], r["seed"]) for r in records}
+    planned = [(v, s) for v in ablations.VARIANTS for s in PLANNED_SEEDS.get(v, (0,))]
+    missing = [f"{v} (seed {s})" for v, s in planned if (v, s) not in done]
+    machines = sorted({f"{r['device_name']}, {r['torch_threads']} threads, torch {r['torch']}" for r in records})
+    dates = sorted({r["date"] for r in records})
+    text = (f"{len(records)} run{'s' if len(records) != 1 else ''} recorded, from {dates[0]} to {dates[-1]}, on "
+            f"{'; '.join(machines)}. " if records else "No run is recorded yet. ")
+    text += (f"Still to come: {', '.join(missing)}." if missing else "Every planned run is recorded.")
+    return f"{text}\n<!-- records sha256 {digest} -->\n"
+
+
+def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
+    """The baseline's test BLEU spread over its seeds (max - min), and how many seeds it has."""
+    values = [r["test"]["bleu"] for r in records if r["variant"] == "baseline" and not r["diverged"]]
+    return (max(values) - min(values) if len(values) > 1 else None), len(values)
+
+
+def verdict(variant: str, records: list[dict], stats: dict) -> str:
+    """What the records say of one variant, in a sentence or two, by the page's rule: a gap is beyond the noise when
+    the paired test puts it below ALPHA and it is larger than twice the baseline's seed spread."""
+    runs = sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"])
+    if not runs:
+        return f"*{variant}*: not run yet."
+    spread, seeds = baseline_spread(records)
+    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    parts = []
+    for run in runs:
+        if run["diverged"]:
+            parts.append(f"seed {run['seed']} diverged ({run['error']})")
+            continue
+        stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
+        if base is None:
+            parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ± {stat['ci']:.2f}, no baseline "
+                         f"of that seed to pair it with")
+            continue
+        gap = run["test"]["bleu"] - base["test"]["bleu"]
+        parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ± {stat['ci']:.2f}, {gap:+.2f} against "
+                     f"the baseline's {base['test']['bleu']:.2f} (paired p = {stat['p_value']:.3f})")
+    text = f"*{variant}*: " + "; ".join(parts) + "."
+    gaps = [(r["test"]["bleu"] - baseline[r["seed"]]["test"]["bleu"], stats[variant, r["seed"]]["p_value"])
+            for r in runs if not r["diverged"] and r["seed"] in baseline]
+    if not gaps:
+        return text
+    if any(p >= ALPHA for _, p in gaps):
+        return text + " Within the noise: the paired test cannot tell it from the baseline."
+    if spread is None:
+        return text + (f" Beyond the test set's noise (paired p < {ALPHA}); the seeds' spread is not measured yet "
+                       f"(the baseline has {seeds} seed{'s' if seeds != 1 else ''} so far).")
+    if all(abs(gap) > 2 * spread for gap, _ in gaps) and len({gap > 0 for gap, _ in gaps}) == 1:
+        return text + (f" Beyond the noise: paired p < {ALPHA}, and more than twice the baseline's seed spread "
+                       f"({spread:.2f} BLEU over {seeds} seeds).")
+    return text + (f" Beyond the test set's noise (paired p < {ALPHA}) but not beyond twice the baseline's seed "
+                   f"spread ({spread:.2f} BLEU over {seeds} seeds): another seed would say more.")
+
+
+def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
+    kind, *rest = name.split()
+    if kind == "runs":
+        return runs_block(records, stats) + "\n"
+    if kind == "summary":
+        return summary_block(records) + "\n"
+    if kind == "status":
+        return status_block(records, digest)
+    if kind == "verdict":
+        return "\n\n".join(verdict(variant, records, stats) for variant in rest) + "\n"
+    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status or verdict VARIANT ...")
+
+
+def draw_curves(records: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ablations.plot_curves(records, ax=ax)
+    ax.set_title("Validation BLEU (greedy) after each epoch, one line per run")
+    fig.tight_layout()
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURE, metadata={"Date": None})  # no timestamp: the same records draw the same file
+    plt.close(fig)
+
+
+def stored_digest(text: str) -> str | None:
+    match = DIGEST.search(text)
+    return match[1] if match else None
+
+
+def sync(check: bool) -> bool:
+    """Rewrite the page's blocks and figure from the records, or (check) say whether they were made from them."""
+    text = PAGE.read_text(encoding="utf-8")
+    digest = records_digest()
+    if check:
+        return stored_digest(text) == digest and FIGURE.is_file()
+    from transformer_lib.data import load_pairs
+
+    records = ablations.read_records(RECORDS)
+    references = [en for _, en in load_pairs("multi30k", "test", "de", "en")]  # test2016, as the runs decoded it
+    stats = ablations.significance(records, references)
+    new = BLOCK.sub(lambda m: m.group(1) + render(m["name"], records, stats, digest) + m.group(4), text)
+    PAGE.write_text(new, encoding="utf-8")
+    draw_curves(records)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only say whether the page is current; exit 1 if not")
+    args = parser.parse_args(argv)
+    try:
+        current = sync(args.check)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.check and not current:
+        print(f"{PAGE.relative_to(ROOT)} was made from other records than those in {RECORDS.relative_to(ROOT)}; "
+              f"run `python benchmarks/ablations_page.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
