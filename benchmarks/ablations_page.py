@@ -53,6 +53,11 @@ def _number(value: float, digits: int = 2) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def _interval(stat: dict) -> str:
+    """The bootstrap's 95% interval, as the tables print it."""
+    return f"95% interval {stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f}"
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -72,11 +77,12 @@ def runs_block(records: list[dict], stats: dict) -> str:
             p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
             decoding = f"alpha {run['chosen']['alpha']}, {weights_name(run)}"
             rows.append([variant, str(run["seed"]), decoding, _number(run["chosen"]["valid_bleu"]),
-                         f"{run['test']['bleu']:.2f} ± {stat['ci']:.2f}", gap, p, _number(run["minutes"], 1),
+                         f"{run['test']['bleu']:.2f}", f"{stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f}",
+                         gap, p, _number(run["minutes"], 1),
                          f"{sum(run['load_average']) / len(run['load_average']):.1f}" if run.get("load_average")
                          else "–"])
     header = ["variant", "seed", "decoding chosen on validation (beam 4)", "validation BLEU",
-              "test BLEU ± 95% CI", "vs baseline", "paired p", "minutes", "load"]
+              "test BLEU", "95% interval", "vs baseline", "paired p", "minutes", "load"]
     return markdown_table(header, rows)
 
 
@@ -85,10 +91,10 @@ def summary_block(records: list[dict]) -> str:
     table = ablations.summary_table(records)
     rows = []
     for _, row in table.iterrows():
-        rows.append([row["variant"], str(row["what changes"]), str(int(row["seeds"])), str(int(row["diverged"])),
+        rows.append([row["variant"], str(int(row["seeds"])), str(int(row["diverged"])),
                      _number(row["test BLEU"]), _number(row["test BLEU spread"]),
                      _number(row.get("validation BLEU (greedy)")), _number(row.get("minutes"), 1)])
-    header = ["variant", "what changes", "runs", "diverged", "test BLEU (mean over seeds)", "spread (max − min)",
+    header = ["variant", "runs", "diverged", "test BLEU (mean over seeds)", "spread (max − min)",
               "validation BLEU, greedy", "minutes"]
     return markdown_table(header, rows)
 
@@ -100,8 +106,9 @@ def status_block(records: list[dict], digest: str) -> str:
     missing = [f"{v} (seed {s})" for v, s in planned if (v, s) not in done]
     machines = sorted({f"{r['device_name']}, {r['torch_threads']} threads, torch {r['torch']}" for r in records})
     dates = sorted({r["date"] for r in records})
-    text = (f"{len(records)} run{'s' if len(records) != 1 else ''} recorded, from {dates[0]} to {dates[-1]}, on "
-            f"{'; '.join(machines)}. " if records else "No run is recorded yet. ")
+    when = f"on {dates[0]}" if dates and dates[0] == dates[-1] else f"from {dates[0]} to {dates[-1]}" if dates else ""
+    text = (f"{len(records)} run{'s' if len(records) != 1 else ''} recorded, {when}, on {'; '.join(machines)}. "
+            if records else "No run is recorded yet. ")
     text += (f"Still to come: {', '.join(missing)}." if missing else "Every planned run is recorded.")
     return f"{text}\n<!-- records sha256 {digest} -->\n"
 
@@ -127,12 +134,12 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
             continue
         stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
         if base is None:
-            parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ± {stat['ci']:.2f}, no baseline "
-                         f"of that seed to pair it with")
+            parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ({_interval(stat)}), no "
+                         f"baseline of that seed to pair it with")
             continue
         gap = run["test"]["bleu"] - base["test"]["bleu"]
-        parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ± {stat['ci']:.2f}, {gap:+.2f} against "
-                     f"the baseline's {base['test']['bleu']:.2f} (paired p = {stat['p_value']:.3f})")
+        parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ({_interval(stat)}), {gap:+.2f} "
+                     f"against the baseline's {base['test']['bleu']:.2f} (paired p = {stat['p_value']:.3f})")
     text = f"*{variant}*: " + "; ".join(parts) + "."
     gaps = [(r["test"]["bleu"] - baseline[r["seed"]]["test"]["bleu"], stats[variant, r["seed"]]["p_value"])
             for r in runs if not r["diverged"] and r["seed"] in baseline]

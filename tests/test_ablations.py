@@ -209,8 +209,8 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
         return {"variant": variant, "seed": seed, "diverged": False, "test": {"bleu": bleu}}
 
     def said(records: list[dict], p_values: dict) -> str:
-        stats = {(r["variant"], r["seed"]): {"ci": 1.5, "p_value": p_values.get((r["variant"], r["seed"]))}
-                 for r in records}
+        stats = {(r["variant"], r["seed"]): {"mean": r["test"]["bleu"], "ci": 1.5,
+                                             "p_value": p_values.get((r["variant"], r["seed"]))} for r in records}
         return ablations_page.verdict("pre-norm", records, stats)
 
     one_seed = [run("baseline", 0, 37.5), run("pre-norm", 0, 35.0)]
