@@ -6,7 +6,8 @@
 The page, book/appendix_ablations.md, is Markdown written by hand around blocks that this script writes: a block
 runs from `<!-- ablations: NAME -->` to `<!-- end ablations -->`, and NAME says what goes in it: "runs" (one row
 per run), "summary" (one row per variant, the spread over seeds), "status" (which runs are recorded and which are
-still to come) or "verdict VARIANT ..." (the sentences that say what the records show for those variants). The
+still to come), "reproduction" (the baseline of seed 0 against chapter 8's recorded run, its scoreboard record) or
+"verdict VARIANT ..." (the sentences that say what the records show for those variants). The
 curves go to book/figures/records/ablation_curves.svg. Every number in a block comes from a record; the block "status" also
 holds the sha256 of the records it was made from, which --check compares with the records on disk (fast, and
 without the test set: the tests run it). Making the blocks needs test2016's references, for the bootstrap
@@ -24,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "results" / "ablations" / "multi30k-cpu"
+SCOREBOARD = ROOT / "benchmarks" / "results" / "scoreboard" / "multi30k-cpu-cpu.json"  # chapter 8's recorded run
 PAGE = ROOT / "book" / "appendix_ablations.md"
 FIGURE = ROOT / "book" / "figures" / "records" / "ablation_curves.svg"  # drawn from records, not by tools/figures.py
 BLOCK = re.compile(r"(<!-- ablations: (?P<name>[\w .-]+?) -->\n)(?P<body>.*?)(<!-- end ablations -->)", re.S)
@@ -36,8 +38,9 @@ import ablations  # noqa: E402
 
 
 def records_digest(folder: Path = RECORDS) -> str:
-    """sha256 over the record files' names and bytes, in name order: what the page was made from."""
-    digest = hashlib.sha256()
+    """sha256 over chapter 8's scoreboard record and the record files' names and bytes, in name order: what the page
+    was made from."""
+    digest = hashlib.sha256(SCOREBOARD.read_bytes())  # the reproduction block reads chapter 8's record too
     for path in sorted(folder.glob("*-seed*.json")):
         digest.update(path.name.encode("utf-8") + b"\n" + path.read_bytes())
     return digest.hexdigest()
@@ -113,6 +116,28 @@ def status_block(records: list[dict], digest: str) -> str:
     return f"{text}\n<!-- records sha256 {digest} -->\n"
 
 
+def reproduction_block(records: list[dict]) -> str:
+    """Whether the baseline of seed 0 reproduces chapter 8's recorded run (the scoreboard record of multi30k-cpu)."""
+    from transformer_lib.files import read_checked_json
+
+    run = next((r for r in records if (r["variant"], r["seed"]) == ("baseline", 0) and not r["diverged"]), None)
+    if run is None:
+        return "The baseline of seed 0, chapter 8's recorded run trained again, has not run yet.\n"
+    board = read_checked_json(SCOREBOARD, "scoreboard file", "write_scoreboard")
+    ours = (run["chosen"]["alpha"], run["chosen"]["average_last"], run["chosen"]["valid_bleu"], run["test"]["bleu"])
+    theirs = (board["decoding"]["alpha"], board["decoding"]["average_last"], board["validation"]["bleu"],
+              board["test"]["bleu"])
+    said = (f"validation BLEU {run['chosen']['valid_bleu']:.2f} and test BLEU {run['test']['bleu']:.2f} with alpha "
+            f"{run['chosen']['alpha']} and the {weights_name(run)}")
+    if ours == theirs and run["steps"] == board["steps"]:
+        return (f"The baseline of seed 0 is chapter 8's recorded run trained again, and it reproduces that run to the "
+                f"last digit ({said}, after {run['steps']:,} steps), as deterministic training on a CPU should.\n")
+    return (f"The baseline of seed 0 is chapter 8's recorded run trained again, but it does not reproduce it: "
+            f"{said} here, against validation BLEU {board['validation']['bleu']:.2f} and test BLEU "
+            f"{board['test']['bleu']:.2f} with alpha {board['decoding']['alpha']} and average_last "
+            f"{board['decoding']['average_last']} in the scoreboard record.\n")
+
+
 def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
     """The baseline's test BLEU spread over its seeds (max - min), and how many seeds it has."""
     values = [r["test"]["bleu"] for r in records if r["variant"] == "baseline" and not r["diverged"]]
@@ -165,6 +190,8 @@ def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
         return summary_block(records) + "\n"
     if kind == "status":
         return status_block(records, digest)
+    if kind == "reproduction":
+        return reproduction_block(records)
     if kind == "verdict":
         return "\n\n".join(verdict(variant, records, stats) for variant in rest) + "\n"
     raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status or verdict VARIANT ...")
