@@ -32,6 +32,7 @@ BLOCK = re.compile(r"(<!-- ablations: (?P<name>[\w .-]+?) -->\n)(?P<body>.*?)(<!
 DIGEST = re.compile(r"records sha256 ([0-9a-f]{64})")
 PLANNED_SEEDS = {"baseline": (0, 1, 2)}  # every other variant: seed 0, and seed 1 where its gap is within the noise
 ALPHA = 0.05  # a paired p-value below it: a gap the test set's sampling does not explain
+NOT_LEARNED = 1.0  # a test BLEU below it: the run did not learn to translate at all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ablations  # noqa: E402
@@ -165,6 +166,10 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
         gap = run["test"]["bleu"] - base["test"]["bleu"]
         parts.append(f"seed {run['seed']}: test BLEU {run['test']['bleu']:.2f} ({_interval(stat)}), {gap:+.2f} "
                      f"against the baseline's {base['test']['bleu']:.2f} (paired p = {stat['p_value']:.3f})")
+        if run["test"]["bleu"] < NOT_LEARNED:  # stuck, not diverged: no NaN stopped it, and it learned nothing
+            parts[-1] += (f"; it never learned to translate, its training loss ending at "
+                          f"{run['curve'][-1]['train_loss']:.2f} against the baseline's "
+                          f"{base['curve'][-1]['train_loss']:.2f}")
     text = f"*{variant}*: " + "; ".join(parts) + "."
     gaps = [(r["test"]["bleu"] - baseline[r["seed"]]["test"]["bleu"], stats[variant, r["seed"]]["p_value"])
             for r in runs if not r["diverged"] and r["seed"] in baseline]

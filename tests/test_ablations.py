@@ -224,5 +224,9 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
     both_ways = seeds + [run("pre-norm", 1, 39.5)]  # one seed below, one above: no direction to report
     assert "Beyond the noise" not in said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
     assert ablations_page.verdict("dropout-0.3", seeds, {}) == "*dropout-0.3*: not run yet."
+    curve = [{"train_loss": 6.27}]
+    stuck = [{**seeds[0], "curve": [{"train_loss": 2.41}]}, {**run("pre-norm", 0, 0.01), "curve": curve}]
+    assert "never learned to translate, its training loss ending at 6.27 against the baseline's 2.41" in said(
+        stuck, {("pre-norm", 0): 0.001})
     diverged = seeds[:1] + seeds[2:] + [{"variant": "pre-norm", "seed": 0, "diverged": True, "error": "loss nan at step 12"}]
     assert "seed 0 diverged (loss nan at step 12)" in ablations_page.verdict("pre-norm", diverged, {})
