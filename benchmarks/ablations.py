@@ -267,7 +267,7 @@ def read_record(path: Path) -> dict:
                           f"run_one writes")
     try:
         record = read_checked_json(path, "ablation record", "run_one (run it again with --overwrite)")
-    except ValueError as error:  # not UTF-8, or not JSON: named, with where
+    except ValueError as error:  # not UTF-8, not JSON, or failing its checksum: named, with where
         raise RecordError(str(error)) from None
     return check_record(record, path)
 
