@@ -43,6 +43,7 @@ def test_help_describes_every_command(command):
         (["train", "--out", "x", "--config", "missing.json"], "file 'missing.json' does not exist"),
         (["train", "--out", "/nonexistent/run", "--resume"], "resume needs /nonexistent/run/checkpoint.pt"),
         (["train", "--out", "x", "--resume", "--preset", "tiny", "--seed", "3"], "--preset, --seed would be ignored"),
+        (["train", "--out", "x", "--resume", "--valid-limit", "5"], "--valid-limit would be ignored; drop it, or start a new run (another --out"),
         (["train", "--out", "x", "--resume", "--overwrite"], "choose one"),
         (["translate", "--checkpoint", "x", "--beam", "33", "Hallo"], "expected a beam size from 1 to 32, got '33'"),
         (["translate", "--checkpoint", "x", "Hallo", "  "], "sentence 2 is empty"),
@@ -61,6 +62,11 @@ def test_help_describes_every_command(command):
          "--split scores the corpus's own references"),
         (["translate", "--checkpoint", "x", "Ein Hund.", "Ein <eos> Hund."],
          "sentence 2 contains '<eos>', the text of a special token"),
+        (["translate", "--checkpoint", "x", "--device", "meta", "Hallo"], "expected cpu, cuda, cuda:N or mps, got 'meta'"),
+        (["train", "--out", "x", "--seed", "99999999999999999999999"], "argument --seed: expected a seed from 0 to"),
+        (["train", "--out", "x", "--config", "tests"], "argument --config: 'tests' is a folder; expected a file"),
+        (["evaluate", "--checkpoint", "x", "--split", "test", "--scoreboard", "board", "--max-len", "3"],
+         "--beam, --alpha and --max-len would not be what it records"),
     ],
 )
 def test_bad_arguments_get_clear_messages(args, message):
@@ -292,9 +298,35 @@ def test_save_hyp_never_overwrites_the_checkpoint_being_evaluated_or_its_run(tmp
     for checkpoint in (run, run / "checkpoint.pt"):
         code, _, err = run_main(capsys, "evaluate", "--checkpoint", str(checkpoint), "--src-file", str(src),
                                 "--ref-file", str(ref), "--save-hyp", str(run / name))
-        assert code == 1 and f"--save-hyp {str(run / name)!r} is a file of the run" in one_error_line(err)
+        line = one_error_line(err)
+        assert code == 1 and f"--save-hyp {str(run / name)!r} is a run folder's file" in line
+        assert "which only training writes" in line
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]
     assert (run / "checkpoint.pt").read_bytes() == b"the weights"
+
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "epoch-002.pt", "decoding.json", "record.json", "notes.md"])
+def test_save_hyp_never_overwrites_another_runs_file_or_a_record_even_without_checkpoint(tmp_path, capsys, name):
+    """--hyp-file scores saved translations: no run is named, and still no run's file, record or notebook of
+    anyone's is replaced by translations; a file of translations saved before is."""
+    src, ref = src_ref(tmp_path)
+    other = tmp_path / "other-run"
+    other.mkdir()
+    (other / "checkpoint.pt").write_bytes(b"the weights")
+    target = other / name if name != "record.json" and name != "notes.md" else tmp_path / name
+    target.write_bytes(b"kept") if not target.exists() else None
+    kept = target.read_bytes()
+    code, _, err = run_main(capsys, "evaluate", "--hyp-file", str(ref), "--ref-file", str(ref),
+                            "--save-hyp", str(target))
+    assert code == 1 and f"--save-hyp {str(target)!r}" in one_error_line(err)
+    assert target.read_bytes() == kept
+    old = tmp_path / "hyp.en"
+    old.write_text("Translations of an earlier run.\n", encoding="utf-8")
+    lines = "\n".join(f"A dog number {n}." for n in range(100)) + "\n"
+    ref.write_text(lines, encoding="utf-8")
+    code, out, err = run_main(capsys, "evaluate", "--hyp-file", str(ref), "--ref-file", str(ref),
+                              "--save-hyp", str(old))
+    assert code == 0 and old.read_text(encoding="utf-8") == lines, err
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo"])
@@ -517,8 +549,16 @@ def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_ch
     assert result.returncode == 0 and "the first 150 of 1,014 sentences" in result.stdout, result.stderr
     chosen = json.loads((run / "decoding.json").read_text(encoding="utf-8"))
     assert chosen["validation"]["sentences"] == 150 and chosen["weights"] == final and chosen["alpha"] == 1.0
+    assert chosen["validation"]["max_len"] == 30 and "(translations of at most 30 tokens)" in result.stdout
     result = cli("choose", "--checkpoint", str(run), "--limit", "99")
     assert result.returncode == 2 and "argument --limit: expected an integer >= 100" in result.stderr
+
+    # An epoch file gone: choose does not quietly try fewer weights, it says which epochs are missing
+    (run / "epoch-001.pt").unlink()
+    result = cli("choose", "--checkpoint", str(run), "--beam", "1", "--limit", "100")
+    line = one_error_line(result.stderr)
+    assert result.returncode == 1 and f"{run} finished 2 epochs and keeps 2 of them, so it should hold the weights " \
+        "of epochs 1, 2, but holds those of epochs 2" in line, result.stderr
 
 
 def test_sentences_are_named_as_the_user_gave_them(tmp_path, capsys, monkeypatch):

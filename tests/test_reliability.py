@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,7 @@ def test_a_crafted_checkpoint_runs_nothing(tmp_path, how):
     [
         (b"", "corrupt or not a checkpoint"),
         (b"hello\n", "corrupt or not a checkpoint|not a transformer_lib checkpoint"),
+        (b"a man\ntwo dogs\n", "corrupt or not a checkpoint"),  # torch.load's legacy reader: IndexError
         ("truncated", "corrupt or not a checkpoint"),
         ("foreign", r"lacks 'config', 'model'"),
         ("tensor", "holds a Tensor"),
@@ -569,6 +571,56 @@ def test_an_existing_run_is_never_replaced_without_being_asked(tmp_path):
     assert list((tmp_path / "run").iterdir()) == []
 
 
+
+@pytest.mark.parametrize("name, kind", [("checkpoint.pt", "link"), ("epoch-004.pt", "link"),
+                                        ("decoding.json", "folder"), (".lock", "folder"), ("history.json", "link")])
+def test_a_run_file_that_is_a_link_or_a_folder_stops_the_start_before_anything_is_read_or_removed(tmp_path, name,
+                                                                                                   kind):
+    """Found before training, resuming or overwriting begins: training an epoch and then failing on the link (or
+    removing the other files and then failing on the folder) would lose work."""
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    run.mkdir()
+    victim.write_bytes(b"someone else's")
+    for own in ("checkpoint.pt", "tokenizer.json", "epoch-003.pt"):
+        if own != name:
+            (run / own).write_bytes(b"the run's")
+    if kind == "link":
+        (run / name).symlink_to(victim)
+    else:
+        (run / name).mkdir()
+    before = sorted(p.name for p in run.iterdir())
+    for resume, overwrite in ((True, False), (False, True)):
+        with pytest.raises(ValueError, match=rf"holds {re.escape(name)}, which is (a symbolic link|not a regular "
+                                             rf"file).*move it away") as error:
+            runs.check_run_folder(run, resume=resume, overwrite=overwrite)
+        assert "\n" not in str(error.value)
+    assert sorted(p.name for p in run.iterdir()) == before and victim.read_bytes() == b"someone else's"
+
+
+def test_a_run_folder_that_is_a_link_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "checkpoint.pt").write_bytes(b"a run")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for resume, overwrite in ((True, False), (False, True), (False, False)):
+        with pytest.raises(ValueError, match="is a symbolic link .*give the folder's real path"):
+            runs.check_run_folder(tmp_path / "link", resume=resume, overwrite=overwrite)
+    assert (tmp_path / "real" / "checkpoint.pt").read_bytes() == b"a run"
+
+
+@pytest.mark.parametrize("kind", ["folder", "link"])
+def test_a_lock_file_that_is_a_folder_or_a_link_is_one_line(tmp_path, kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    if kind == "folder":
+        (run / ".lock").mkdir()
+    else:
+        (run / ".lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(guards.RunFolderInUseError, match=f"the lock file .* is a {'folder' if kind == 'folder' else 'symbolic link'}"):
+        with guards.lock_run_folder(run):
+            pass
+    assert not (tmp_path / "elsewhere").exists()
+
+
 HOLD_SCRIPT = """
 import sys
 from transformer_lib import guards
@@ -674,3 +726,13 @@ def test_a_checkpoint_whose_weights_changed_on_disk_is_refused(tmp_path):
     torch.save(checkpoint, path)
     with pytest.raises(checkpoint_checks.CheckpointError, match="fails its checksum"):
         load_checkpoint(path)
+
+
+def test_a_resume_removes_only_the_epoch_files_after_its_checkpoint(tmp_path):
+    """A run killed after epoch 9 whose last checkpoint was at epoch 3 leaves epoch-008/009.pt: training again from
+    epoch 4 would prune its own new files in their favour, so they go first, named; earlier ones stay."""
+    for name in ("epoch-002.pt", "epoch-003.pt", "epoch-008.pt", "epoch-009.pt", "checkpoint.pt", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert runs.remove_epochs_after(tmp_path, 3) == ["epoch-008.pt", "epoch-009.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "epoch-002.pt", "epoch-003.pt", "notes.txt"]
+    assert runs.remove_epochs_after(tmp_path, 3) == []

@@ -362,7 +362,7 @@ def test_a_recorded_average_the_folder_cannot_provide_is_refused_in_one_line(tmp
     "extra, message",
     [
         (["--split", "validation"], "--scoreboard records a run's score on the test split, so it goes with --split test"),
-        (["--split", "test", "--beam", "2"], "so --beam and --alpha would not be what it records"),
+        (["--split", "test", "--beam", "2"], "so --beam, --alpha and --max-len would not be what it records"),
     ],
 )
 def test_evaluate_scoreboard_refuses_what_it_would_not_record(tmp_path, capsys, extra, message):
@@ -379,10 +379,16 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
                  "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "last logged loss" in result.stdout
+    # Without decoding.json there is no decoding chosen on this run's validation split (the preset's was chosen on
+    # another run's, the defaults on none): nothing is recorded.
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
+    assert result.returncode == 1 and not board.exists()
+    assert f"{run} has no decoding.json (it would decode with " in result.stderr and "choose it first" in result.stderr
     runs.write_decoding(run, {"beam_size": 1, "alpha": 0.6, "average_last": 1}, "validation", validation=VALIDATION,
                         weights="the final weights")
     result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
     assert result.returncode == 0, result.stderr
+    assert "replacing" not in result.stdout
     assert "note: decoding with beam 1 and alpha 0.6, from" in result.stderr
     assert f"scoreboard record written to {board / 'tiny-cpu.json'}" in result.stdout
     [saved] = read_scoreboard(board)
@@ -405,6 +411,24 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"scoreboard record written to {board / 'tiny-cpu-fp16.json'}" in result.stdout
     assert [r.get("precision") for r in read_scoreboard(board)] == [None, "fp16"]
+    # The same preset on the same device again: the new record replaces the old one, and says which
+    result = cli("evaluate", "--checkpoint", str(run), "--split", "test", "--scoreboard", str(board))
+    assert result.returncode == 0, result.stderr
+    assert (f"written to {board / 'tiny-cpu-fp16.json'}, replacing the record of {saved['date']} (test BLEU "
+            f"{saved['test']['bleu']:.2f}, ") in result.stdout
+
+
+def test_a_decoding_file_whose_weights_disagree_with_its_average_last_is_refused(tmp_path):
+    """"the average of epochs 2-3" with average_last 1 would decode the final weights under the averaged ones' name:
+    refused on writing and, re-checksummed by hand, on reading."""
+    run = fake_run(tmp_path / "run")
+    with pytest.raises(ValueError, match="weights must name the weights decoded, 'the final weights"):
+        runs.write_decoding(run, {**DECODING, "average_last": 1}, "validation", weights="the average of epochs 2-3")
+    path = runs.write_decoding(run, DECODING, "validation", weights="the average of epochs 2-3")
+    record = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k != "sha256"}
+    write_checked_json(path, {**record, "average_last": 1})
+    with pytest.raises(ValueError, match=r"decoding file .*: weights must name the weights decoded, 'the final"):
+        runs.read_decoding(run, run_id(run))
 
 
 def test_an_evidence_file_changed_after_it_was_written_is_refused_by_its_checksum(tmp_path):

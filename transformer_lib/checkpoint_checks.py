@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import struct
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -31,13 +32,17 @@ def checkpoint_errors(path: str | Path) -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
             yield
+    except IsADirectoryError:
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file; move it away (a run's files are regular "
+                              f"files written by train_translator)") from None
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"{path} is not a transformer_lib checkpoint: torch.load(weights_only=True) refused it, because it is not "
             f"a checkpoint or it holds Python objects whose loading could run code; use a file written by "
             f"save_checkpoint"
         ) from None
-    except (EOFError, KeyError, ValueError, RuntimeError, zipfile.BadZipFile, UnicodeDecodeError) as error:
+    except (EOFError, KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError, RuntimeError,
+            struct.error, zipfile.BadZipFile, UnicodeDecodeError) as error:  # a flipped byte can raise any of them
         first = str(error).splitlines()[0].split(". ")[0] if str(error) else ""
         raise CheckpointError(f"{path} is corrupt or not a checkpoint ({type(error).__name__}{': ' * bool(first)}"
                               f"{first}); use another copy or train again") from None

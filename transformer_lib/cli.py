@@ -17,19 +17,20 @@ import torch
 from transformer_lib.data import CORPORA, SPLITS, load_pairs
 from transformer_lib.decoding import EXTRA_TOKENS
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
-from transformer_lib.files import atomic_write_text, check_replaceable, read_lines, read_settings_file
+from transformer_lib.files import atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
-from transformer_lib.runs import DECODING_FILE, check_run_folder, is_run_file, read_run_record, write_decoding
-from transformer_lib.scoreboard import check_scoreboard_folder, run_facts, scoreboard_record, write_scoreboard
+from transformer_lib.runs import (DECODING_FILE, check_output_file, check_run_folder, kept_epochs,
+                                  read_run_record, write_decoding)
+from transformer_lib.scoreboard import (check_scoreboard_folder, replaced_record, run_facts, scoreboard_record,
+                                       write_scoreboard)
 from transformer_lib.scoring import corpus_scores
-from transformer_lib.settings import MAX_BEAM
+from transformer_lib.settings import MAX_BEAM, MAX_SEED
 from transformer_lib.training import SingleProcess
 from transformer_lib.translation import (
     DEFAULT_DECODING,
     check_sentences,
     checkpoint_file,
-    epoch_weights,
     decoding_source,
     load_translator,
     translate,
@@ -38,7 +39,7 @@ from transformer_lib.translation import (
 from transformer_lib.validation import best_decoding, epoch_line, validation_sweep
 
 CHOOSE_ALPHAS = (0.6, 0.8, 1.0, 1.2)  # the length-penalty exponents chapter 8 tries on the validation split
-RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit")
+RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit", "valid_limit")
 
 EPILOG = """examples:
   python -m transformer_lib train --preset multi30k --out runs/de-en
@@ -59,25 +60,28 @@ EPILOG = """examples:
 def _existing_file(value: str) -> Path:
     path = Path(value)
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"file {value!r} does not exist")
+        raise argparse.ArgumentTypeError(f"file {value!r} does not exist" if not path.exists() else
+                                         f"{value!r} is {'a folder' if path.is_dir() else 'not a regular file'}; "
+                                         f"expected a file")
     return path
 
 
-def _integer_at_least(least: int, expected: str):
-    """An argparse type: an integer of at least least; the error says what was expected."""
+def _integer_at_least(least: int, expected: str, most: int | None = None):
+    """An argparse type: an integer of at least least (and at most most); the error says what was expected."""
     def parse(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
             number = None
-        if number is None or number < least:
+        if number is None or number < least or (most is not None and number > most):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
         return number
     return parse
 
 
 positive_int = _integer_at_least(1, "a positive integer")  # the benchmarks' command lines use these types too
-non_negative_int = _integer_at_least(0, "an integer >= 0")  # a seed
+non_negative_int = _integer_at_least(0, "an integer >= 0")
+seed_value = _integer_at_least(0, f"a seed from 0 to {MAX_SEED}", most=MAX_SEED)
 
 
 def _run_folder(value: str) -> Path:
@@ -109,6 +113,9 @@ def _device(value: str) -> torch.device:
         device = torch.device(value)
     except RuntimeError:
         raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got {value!r}") from None
+    if device.type not in ("cpu", "cuda", "mps"):  # torch names more (meta, xpu, ...): the book trains on these
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or mps, got {value!r} (a {device.type} device, "
+                                         f"which this library does not train or translate on)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{value!r}: this machine has no CUDA GPU that torch can use")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
@@ -169,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run saved in --out, with its saved settings, data and seed")
     train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
-    train.add_argument("--seed", type=int, help="default: 0")
+    train.add_argument("--seed", type=seed_value, help=f"0 to {MAX_SEED}; default: 0")
     train.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bar (a line per epoch still says how training goes)")
@@ -220,13 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--beam", type=beam_size, help=f"beam size from 1 to {MAX_BEAM}")
     evaluate.add_argument("--save-hyp", type=Path, help="write the translations to this file (not one of the inputs)")
     evaluate.add_argument("--scoreboard", type=_run_folder, metavar="DIR",
-                          help="with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
-                               "(<preset>-<device>-fp16.json for a run trained in float16 with a GradScaler) "
-                               "(training minutes and steps from the checkpoint, the device where it "
-                               f"was saved; the decoding from {DECODING_FILE} or the run's settings, never from "
-                               f"--beam/--alpha, which it refuses; the validation scores {DECODING_FILE} holds, else "
-                               "none). Run it on the machine that "
-                               "trained the run: the record names this machine's CPU or GPU")
+                          help=f"with --split test: write the run's scoreboard record to DIR/<preset>-<device>.json "
+                               f"(-fp16.json for a run trained in float16): training minutes and steps from the "
+                               f"checkpoint, the decoding and validation scores from its {DECODING_FILE} (never "
+                               f"--beam, --alpha or --max-len). Run it where the run trained: the record names this "
+                               f"machine's CPU or GPU")
     for command, handler in ((train, cmd_train), (translate, cmd_translate), (choose, cmd_choose),
                              (evaluate, cmd_evaluate)):
         command.set_defaults(handler=handler, parser=command)
@@ -237,6 +242,9 @@ def _load(checkpoint: Path, device: torch.device | None = None):
     if not checkpoint.exists():
         raise FileNotFoundError(f"--checkpoint {str(checkpoint)!r} does not exist; give a run folder written by "
                                 f"`train` or the checkpoint.pt inside it")
+    if checkpoint.is_dir() and (checkpoint / "checkpoint.pt").is_dir():
+        raise IsADirectoryError(f"--checkpoint {str(checkpoint)!r} holds a folder named checkpoint.pt, not the run's "
+                                f"checkpoint file; give a run folder written by `train`")
     return load_translator(checkpoint, device)  # a file that is not a run's checkpoint: one line, from the library
 
 
@@ -325,13 +333,7 @@ def _last_loss(history: list) -> str:
 
 
 def _stdin_sentences() -> list[str]:
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
-                         f"convert it, e.g. with `iconv -f latin1 -t utf-8`") from None
+    text = decode_text(sys.stdin.buffer.read(), "standard input")
     # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
     # and give more translations than sentences.
     lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []
@@ -386,13 +388,11 @@ def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, 
 
 
 def _check_save_hyp(args: argparse.Namespace) -> None:
-    """--save-hyp must be a new or regular file, and not an input, the checkpoint or a file of its run folder."""
+    """--save-hyp must be a new file or translations saved before: not an input, a run's file or another kind."""
     if args.save_hyp is None:
         return
-    target = args.save_hyp
-    if target.is_dir() and not target.is_symlink():
-        raise ValueError(f"--save-hyp {str(target)!r} is a folder; give a file name for the translations")
-    check_replaceable(target, "--save-hyp")  # a link (to /dev/stdout, say) or a FIFO is refused, not replaced
+    target = check_output_file(args.save_hyp, "--save-hyp", replaces=is_text_lines,  # no link, FIFO, folder, run's
+                               kind="a file of translations (text lines, not a record, weights, a notebook or code)")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"--save-hyp {str(target)!r} is in a folder that does not exist; create "
                                 f"{str(target.parent)!r} first")
@@ -401,13 +401,6 @@ def _check_save_hyp(args: argparse.Namespace) -> None:
         if given is not None and target.exists() and target.samefile(given):
             raise ValueError(f"--save-hyp {str(target)!r} is the --{flag.replace('_', '-')} and would be "
                              f"overwritten; give another file name for the translations")
-    if args.checkpoint is not None:
-        checkpoint = checkpoint_file(args.checkpoint)
-        if (target.parent.resolve() == checkpoint.parent.resolve() and is_run_file(target.name)) or (
-                target.exists() and checkpoint.exists() and target.samefile(checkpoint)):
-            raise ValueError(f"--save-hyp {str(target)!r} is a file of the run being evaluated ({checkpoint.parent}: "
-                             f"its checkpoint, tokenizer, history, decoding, lock or epoch weights), which only "
-                             f"training writes; give another file name")
 
 
 def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
@@ -415,10 +408,10 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
     check_scoreboard_folder(args.scoreboard, "--scoreboard")
     checkpoint = checkpoint_file(args.checkpoint)
     decoding, where, record = decoding_source(checkpoint)
-    if where.startswith("the defaults"):
-        raise ValueError(f"--scoreboard records the decoding chosen on the validation split, and {checkpoint.parent} "
-                         f"has no {DECODING_FILE} and its settings no decoding part; choose it first: python -m "
-                         f"transformer_lib choose --checkpoint {checkpoint.parent}")
+    if record is None:  # a preset's decoding was chosen on another run's validation, the defaults on none
+        raise ValueError(f"--scoreboard records the decoding chosen on this run's validation split, and "
+                         f"{checkpoint.parent} has no {DECODING_FILE} (it would decode with {where}); choose it "
+                         f"first: python -m transformer_lib choose --checkpoint {checkpoint.parent}")
     return {**run_facts(checkpoint, run), "decoding": decoding,
             "validation": record.get("validation") if record else None}
 
@@ -430,7 +423,7 @@ def cmd_choose(args: argparse.Namespace) -> int:
         _load(args.checkpoint)  # the one-line message for a missing checkpoint
     run = read_run_record(checkpoint)["run"]
     folder = checkpoint.parent
-    kept = len(epoch_weights(folder))
+    kept = len(kept_epochs(folder))  # every epoch the run should keep, or one line
     if any(n > max(kept, 1) for n in args.average or []):
         raise ValueError(f"--average {max(args.average)}: {folder} keeps the weights of {kept} epochs (training "
                          f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")
@@ -445,10 +438,12 @@ def cmd_choose(args: argparse.Namespace) -> int:
                                 max_len=args.max_len, device=args.device)
         best = best_decoding(rows)
         chosen = {key: best[key] for key in ("beam_size", "alpha", "average_last")}
-        path = write_decoding(folder, chosen, chosen_on="validation", validation=best["scores"],
+        capped = {} if args.max_len is None else {"max_len": args.max_len}  # a cap on the translations, recorded
+        path = write_decoding(folder, chosen, chosen_on="validation", validation={**best["scores"], **capped},
                               weights=best["weights"])
     print(f"chosen on the validation split: {best['weights']}, beam {beam}, alpha {best['alpha']}, BLEU "
-          f"{best['scores']['bleu']:.2f}; written to {path} (translate and evaluate decode with it)")
+          f"{best['scores']['bleu']:.2f}{f' (translations of at most {args.max_len} tokens)' * bool(capped)}; written "
+          f"to {path} (translate and evaluate decode with it)")
     return 0
 
 
@@ -458,9 +453,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.split != "test":
             raise UsageError("--scoreboard records a run's score on the test split, so it goes with --split test (the "
                              "decoding is chosen on the validation split beforehand, in decoding.json)")
-        if args.beam is not None or args.alpha is not None:
+        if args.beam is not None or args.alpha is not None or args.max_len is not None:
             raise UsageError("--scoreboard records the decoding chosen on the validation split (the run's "
-                             "decoding.json or settings), so --beam and --alpha would not be what it records; drop "
+                             "decoding.json), so --beam, --alpha and --max-len would not be what it records; drop "
                              "them")
     facts = None
     if args.hyp_file:
@@ -508,7 +503,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                    training_minutes=facts["training_minutes"], steps=facts["steps"],
                                    validation=facts["validation"], test=scores, decoding=facts["decoding"],
                                    chosen_on="validation", notes=facts["notes"], precision=facts["precision"])
-        print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}")
+        replaced = replaced_record(record, args.scoreboard)
+        print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}{replaced}")
     return 0
 
 
@@ -547,3 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: this is a bug in transformer_lib, not a mistake of yours; please report it with the traceback "
               "above", file=sys.stderr)
         return 1
+
+
+if __name__ == "__main__":  # python -m transformer_lib.cli, as python -m transformer_lib
+    sys.exit(main())

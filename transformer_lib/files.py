@@ -156,15 +156,36 @@ def read_checked_json(path: str | Path, what: str, writer: str) -> dict:
     return {key: value for key, value in record.items() if key != CHECKSUM_KEY}
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a file, with an error naming the file and the first bad byte when it is not UTF-8."""
-    data = Path(path).read_bytes()
+NOT_TEXT_LINES = (".json", ".pt", ".pth", ".bin", ".safetensors", ".ipynb", ".py", ".md", ".toml", ".yml", ".yaml")
+
+
+def is_text_lines(path: str | Path) -> bool:
+    """Whether an existing file holds only lines of text, such as translations, and not a record, weights, a
+    notebook or code (by its name's ending, or a first character that opens JSON): what a command that writes
+    lines of text may replace."""
+    path = Path(path)
+    if path.suffix.lower() in NOT_TEXT_LINES:
+        return False
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return not text.lstrip().startswith(("{", "["))
+
+
+def decode_text(data: bytes, what: str) -> str:
+    """data as UTF-8 text, with an error naming what it is (a file, standard input) and the first bad byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); "
-                         f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`") from None
+        raise ValueError(f"{what} is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); convert it, "
+                         f"e.g. with `iconv -f latin1 -t utf-8`") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file, with an error naming the file and the first bad byte when it is not UTF-8."""
+    return decode_text(Path(path).read_bytes(), f"{what} {str(path)!r}")
 
 
 def read_lines(path: str | Path, what: str) -> list[str]:

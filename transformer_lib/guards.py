@@ -32,7 +32,12 @@ def _take_lock(out: Path) -> int:
     """The descriptor of out's lock file, locked by this process, or RunFolderInUseError naming the holder."""
     lock = out / LOCK_FILE
     while True:
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        except OSError as error:  # a folder, a link (O_NOFOLLOW refuses it) or a file we may not open
+            kind = "a symbolic link" if lock.is_symlink() else "a folder" if lock.is_dir() else "not openable"
+            raise RunFolderInUseError(f"the lock file {lock} is {kind} ({error.strerror}); it must be a regular file "
+                                      f"that only this library writes: move it away and run again") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it when its process dies
         except BlockingIOError:

@@ -1,7 +1,9 @@
 """Run folders and the files they hold (hand-written: plumbing the chapters call in one line each).
 
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it;
-  `refuse_ignored_arguments`: a resumed run refuses arguments it would ignore.
+  `refuse_ignored_arguments`: a resumed run refuses arguments it would ignore; `check_output_file`: what a tool
+  writes never replaces a run's file or a file of another kind; `kept_epochs`, `remove_epochs_after`: the epoch
+  files a run keeps, checked against its checkpoint.
 - `write_decoding`, `read_decoding`: the decoding settings chosen for a run (decoding.json in its folder).
 - `read_run_record`: the run record of a run's checkpoint, read without loading its weights.
 """
@@ -10,15 +12,16 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from transformer_lib.checkpoint_checks import CheckpointError, check_checkpoint, checkpoint_errors
 from transformer_lib.files import check_replaceable, read_checked_json, write_checked_json
-from transformer_lib.settings import DECODING_KEYS, check_chosen_on, check_decoding, check_scores
+from transformer_lib.settings import DECODING_KEYS, check_chosen_on, check_decoding, check_scores, check_weights
 
 
 # The names of the files of a run folder, all spelled here. check_run_folder finds a run by RUN_FILES, and
@@ -38,14 +41,41 @@ def is_run_file(name: str) -> bool:
     return name in RUN_FILES or name == LOCK_FILE or EPOCH_FILE.fullmatch(name) is not None
 
 
+def check_output_file(path: str | Path, argument: str, replaces: Callable[[Path], bool] | None = None,
+                      kind: str = "file") -> Path:
+    """Refuse an output path that is not the caller's to write: a link, a folder or a special file; a run's own file
+    (by its name, or anything in a folder that holds a checkpoint.pt), which only training writes; or an existing
+    file that replaces(path) does not recognise as one of `kind` (what this output writes). Nothing is written here.
+    """
+    path = Path(path)
+    check_replaceable(path, argument)  # a link is never written through, a folder or FIFO never replaced
+    if is_run_file(path.name) or (path.parent / "checkpoint.pt").exists():
+        raise ValueError(f"{argument} {str(path)!r} is {'a' if is_run_file(path.name) else 'in a'} run folder's "
+                         f"file (checkpoint, tokenizer, history, decoding, lock or epoch weights), which only "
+                         f"training writes; give a path outside run folders")
+    if path.exists() and not (replaces is not None and replaces(path)):
+        raise FileExistsError(f"{argument} {str(path)!r} already exists and is not {kind}; it is not overwritten: "
+                              f"give a new file name, or remove that file first if it is yours to lose")
+    return path
+
+
 def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path:
     """Refuse to start where a run would be lost or cannot be written; nothing is written here."""
     out = Path(out_dir)
     if resume and overwrite:
         raise ValueError(f"resume continues the run in {out} and overwrite replaces it; choose one")
+    if out.is_symlink():
+        raise ValueError(f"the run folder {str(out)!r} is a symbolic link (to {os.readlink(out)!r}); a run is never "
+                         f"written, resumed or replaced through a link: give the folder's real path")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"the run folder {str(out)!r} is a file; give a folder for checkpoint.pt, "
                                  f"tokenizer.json and history.json (a new one, or a run to resume)")
+    for path in sorted(out.iterdir()) if out.is_dir() else []:  # before anything is read, trained or removed
+        if is_run_file(path.name) and (path.is_symlink() or not path.is_file()):
+            kind = f"a symbolic link (to {os.readlink(path)!r})" if path.is_symlink() else "not a regular file"
+            raise ValueError(f"{out} holds {path.name}, which is {kind}: a run's files are its own regular files, "
+                             f"never written or removed through a link; move it away (or put the real file in its "
+                             f"place) and run again")
     # A run is a folder with a checkpoint. Other run files without one are what a start that failed before its
     # first checkpoint leaves: nothing to resume, so both messages below point to overwrite, never to each other.
     existing = [name for name in RUN_FILES if (out / name).exists()]
@@ -89,6 +119,17 @@ def start_run_folder(out_dir: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def remove_epochs_after(run_folder: str | Path, epoch: int) -> list[str]:
+    """Remove the epoch files of epochs after `epoch`, the checkpoint's, before a resumed run trains them again:
+    a run stopped before its checkpoint caught up leaves them, and keeping them would have the new epochs pruned
+    in their place. Returns the names removed, for the caller to say."""
+    folder = Path(run_folder)
+    lost = sorted(p for p in folder.iterdir() if (m := EPOCH_FILE.fullmatch(p.name)) and int(m[1]) > epoch)
+    for path in lost:
+        path.unlink()
+    return [path.name for path in lost]
+
+
 DECODING_FILE = "decoding.json"  # in a run folder: how its translations are made, as chosen on the validation split
 
 
@@ -107,9 +148,7 @@ def write_decoding(run_folder: str | Path, decoding: dict, chosen_on: str, *, we
         raise NotADirectoryError(f"run_folder {str(folder)!r} is not a folder; give the run folder that holds "
                                  f"checkpoint.pt")
     record = check_decoding(decoding)
-    if not (isinstance(weights, str) and weights):
-        raise ValueError(f"weights must name the weights decoded, e.g. 'the average of epochs 9-12', got {weights!r}")
-    record["weights"] = weights
+    record["weights"] = check_weights(weights, record["average_last"])
     record["chosen_on"] = check_chosen_on(chosen_on)
     record["date"] = datetime.date.today().isoformat()
     record["run_id"] = read_run_record(folder / "checkpoint.pt")["run"]["id"]  # the run the choice was made for
@@ -144,9 +183,10 @@ def read_decoding(run_folder: str | Path, run_id: str) -> dict | None:
         raise ValueError(f"{where} {problem}; choose again on validation (python -m transformer_lib choose), which "
                          f"writes it with write_decoding")
     check_chosen_on(record["chosen_on"], f"{where}: chosen_on")
-    for key in ("date", "weights", "run_id"):
+    for key in ("date", "run_id"):
         if not (isinstance(record[key], str) and record[key]):
             raise ValueError(f"{where}: {key} must be a non-empty string, got {record[key]!r}")
+    check_weights(record["weights"], decoding["average_last"], f"{where}: weights")
     if record["run_id"] != run_id:
         raise ValueError(f"{where} was chosen for another run (run {record['run_id']}, and this folder's checkpoint "
                          f"is run {run_id}); remove it and choose again on validation")
@@ -182,3 +222,25 @@ def read_run_record(path: str | Path) -> dict:
                               f"train_translator (chapter 7's train and older versions write such files); translating, "
                               f"evaluating and resuming need a run folder written by `python -m transformer_lib train`")
     return extra
+
+
+def kept_epochs(run_folder: str | Path) -> list[int]:
+    """The epochs whose weights run_folder keeps (epoch-NNN.pt), oldest first, checked against its checkpoint: the
+    last min(keep_checkpoints, epochs finished) epochs, every one there and none beyond; else one line."""
+    folder = Path(run_folder)
+    path = folder / "checkpoint.pt"
+    with checkpoint_errors(path):
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    finished = check_checkpoint(saved, path, ("state", "extra"))["state"]["epoch"]
+    keep = read_run_record(path)["run"]["settings"]["training"].get("keep_checkpoints", finished)
+    expected = list(range(max(finished - keep, 0) + 1, finished + 1))
+    kept = sorted(int(m.group(1)) for entry in folder.iterdir() if (m := EPOCH_FILE.fullmatch(entry.name)))
+    if kept != expected:
+        shown = ", ".join(map(str, kept)) or "none"
+        raise FileNotFoundError(f"{folder} finished {finished} epochs and keeps {keep} of them, so it should hold the "
+                                f"weights of epochs {', '.join(map(str, expected)) or 'none'}, but holds those of "
+                                f"epochs {shown}: a file was removed, or left by a run stopped before its checkpoint "
+                                f"caught up; resume the training (python -m transformer_lib train --resume --out "
+                                f"{folder}) or restore the files")
+    return kept
+

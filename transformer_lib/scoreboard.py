@@ -286,6 +286,20 @@ def write_scoreboard(record: dict, folder: str | Path) -> Path:
     return path
 
 
+def replaced_record(record: dict, folder: str | Path) -> str:
+    """What writing record to folder replaces, said for the caller to print (", replacing the record of ..."); ""
+    where its file does not exist yet."""
+    path = scoreboard_path(record, folder)
+    if not path.exists():
+        return ""
+    try:
+        old = check_record(read_checked_json(path, "scoreboard file", "write_scoreboard"))
+        return (f", replacing the record of {old['date']} (test BLEU {old['test']['bleu']:.2f}, "
+                f"{old['training_minutes']:.1f} training minutes)")
+    except (ValueError, OSError) as error:
+        return f", replacing a file that was not a valid record ({error})"
+
+
 def read_scoreboard(folder: str | Path) -> list[dict]:
     """Every record in folder (its *.json files), checked, sorted by preset and device; one line for a bad file."""
     folder = Path(folder)

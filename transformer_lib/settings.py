@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from typing import Any
+
+
+MAX_SEED = 2**32 - 1  # the largest seed that every generator a run seeds (torch, Python's random) takes alike
 
 
 def is_count(value: Any, least: int = 1) -> bool:
@@ -189,6 +193,24 @@ def check_decoding(decoding: Any, what: str = "decoding") -> dict:
         if not test(decoding[key]):
             raise ValueError(f"{what}: {key} must be {allowed}, got {decoding[key]!r}")
     return {key: decoding[key] for key in DECODING_KEYS}
+
+
+AVERAGE_NAME = re.compile(r"the average of epochs (\d+)-(\d+)")  # translation.weights_label's names
+
+
+def check_weights(weights: Any, average_last: int, what: str = "weights") -> str:
+    """The weights decoded, named as translation.weights_label names them, and agreeing with average_last: "the
+    final weights (step N)" for 1, "the average of epochs a-b" with b - a + 1 = average_last for more."""
+    expected = ("'the final weights (step N)'" if average_last == 1 else
+                f"'the average of epochs a-b' with {average_last} epochs (decoding's average_last)")
+    if not isinstance(weights, str) or len(weights) > 200:
+        raise ValueError(f"{what} must name the weights decoded, {expected}, got {weights!r:.80}")
+    average = AVERAGE_NAME.fullmatch(weights)
+    agrees = (weights.startswith("the final weights") if average_last == 1 else
+              average is not None and int(average[2]) - int(average[1]) + 1 == average_last)
+    if not agrees:
+        raise ValueError(f"{what} must name the weights decoded, {expected}, got {weights!r}")
+    return weights
 
 
 def check_scores(scores: Any, what: str) -> dict:
