@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from transformer_lib.cli import alpha_value, beam_size, non_negative_int, positive_int
-from transformer_lib.files import read_checked_json
-from transformer_lib.settings import CHOSEN_ON, is_count, is_minutes, is_score
+from transformer_lib.files import check_replaceable, read_checked_json
+from transformer_lib.settings import CHOSEN_ON, RULES, is_count, is_minutes, is_number, is_score
 from transformer_lib.recipe import PRESETS, resolve_settings
 from transformer_lib.scoring import bootstrap_interval, paired_bootstrap
 
@@ -70,6 +70,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 
 def merge(overrides: dict, extra: dict) -> dict:
     """overrides with extra's parts laid over them, key by key."""
+    for part, values in {**overrides, **extra}.items():
+        if not isinstance(values, dict):
+            raise ValueError(f'--overrides: {part!r} must be an object of settings like {{"epochs": 2}}, got '
+                             f"{json.dumps(values)[:60]}")
     merged = {part: dict(values) for part, values in overrides.items()}
     for part, values in extra.items():
         merged.setdefault(part, {}).update(values)
@@ -86,8 +90,33 @@ def _minutes_argument(value: str) -> float:
     return number
 
 
+def _folder_argument(value: str) -> str:
+    if not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing folder for the runs' temporary folders, got {value!r}; "
+                                         f"create it, or leave --work out to use the system's")
+    return value
+
+
 def record_path(out: Path, variant: str, seed: int) -> Path:
     return out / f"{variant}-seed{seed}.json"
+
+
+def log_path(out: Path, variant: str, seed: int) -> Path:
+    return out / "logs" / f"{variant}-seed{seed}.log"
+
+
+def open_log(path: Path):
+    """A run's log, created or emptied; never a link (O_NOFOLLOW), a folder or a special file (check_replaceable)."""
+    check_replaceable(path, "ablation log")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    return os.fdopen(descriptor, "w", encoding="utf-8")
+
+
+def test2016_references() -> list[str]:
+    """test2016's English references, as the runs decoded it."""
+    from transformer_lib.data import load_pairs
+
+    return [en for _, en in load_pairs("multi30k", "test", "de", "en")]
 
 
 def _device_facts() -> dict:
@@ -210,8 +239,86 @@ class RecordError(ValueError):
     """A record file that is not a complete record of benchmarks/ablations.py, or not of this sweep."""
 
 
+def _text(value) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _date(value) -> bool:
+    try:
+        datetime.date.fromisoformat(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _optional(test):
+    return lambda value: value is None or test(value)
+
+
+def _at_least_0(value) -> bool:
+    return is_number(value) and value >= 0
+
+
+def _point(point) -> bool:  # one epoch of the curve, as validation.validation_hook records it
+    return (isinstance(point, dict) and is_count(point.get("epoch")) and is_count(point.get("step"), 0)
+            and _at_least_0(point.get("minutes")) and all(_optional(is_number)(point.get(key))
+                                                          for key in ("train_loss", "valid_loss"))
+            and _optional(is_score)(point.get("valid_bleu")))
+
+
+def _scores(row) -> bool:  # corpus_scores' numbers, as the records keep them
+    return (isinstance(row, dict) and is_score(row.get("bleu")) and is_score(row.get("chrf"))
+            and _at_least_0(row.get("bp")) and _at_least_0(row.get("ratio")) and _text(row.get("bleu_signature")))
+
+
+def _decoding(row) -> bool:  # beam_size, alpha and average_last, by the rules of decoding.json
+    return isinstance(row, dict) and all(test(row.get(key)) for key, (test, _) in RULES["decoding"].items())
+
+
+def _hypotheses(kept) -> bool:
+    return (isinstance(kept, dict) and sorted(kept) == ["beam_final", "chosen", "greedy_final"]
+            and all(isinstance(h, list) and all(isinstance(t, str) for t in h) for h in kept.values())
+            and len({len(h) for h in kept.values()}) == 1)
+
+
+# key -> (test, what is expected): every field that the sweep, the tables and the appendix read, of every record ...
+FIELDS = {
+    "what": (_text, "a sentence"), "description": (_text, "a sentence"), "preset": (_text, "a preset's name"),
+    "overrides": (lambda v: isinstance(v, dict) and all(isinstance(part, dict) for part in v.values()),
+                  "an object of settings parts"),
+    "settings": (lambda v: isinstance(v, dict) and all(isinstance(v.get(part), dict) for part in ("model", "training"))
+                 and is_count(v["training"].get("epochs")), "the run's settings, model and training with its epochs"),
+    "train_limit": (_optional(is_count), "null or a positive count"),
+    "epochs_asked": (_optional(is_count), "null or a positive count"), "jobs": (is_count, "a positive count"),
+    "device": (_text, "a device's name"), "device_name": (_text, "a device's name"), "torch": (_text, "a version"),
+    "python": (_text, "a version"), "cores": (_optional(is_count), "null or a positive count"),
+    "torch_threads": (is_count, "a positive count"), "date": (_date, "a date, YYYY-MM-DD"),
+    "curve": (lambda v: isinstance(v, list) and all(_point(p) for p in v),
+              "a list of epoch records (epoch, step, minutes, losses, validation BLEU)"),
+    "wall_minutes": (is_minutes, "a number of minutes up to a year"),
+}
+# ... and of a run that trained to its end
+TRAINED_FIELDS = {
+    "steps": (is_count, "a positive count"), "epochs": (is_count, "a positive count"),
+    "minutes": (is_minutes, "a number of minutes up to a year"), "final_valid_loss": (_at_least_0, "a number >= 0"),
+    "load_average": (_optional(lambda v: isinstance(v, list) and all(_at_least_0(x) for x in v)),
+                     "a list of load averages, numbers >= 0"),  # missing in the first records
+    **{key: (is_score, "a number from 0 to 100")
+       for key in ("valid_bleu_greedy", "test_greedy_final", "test_beam_final")},
+    "test": (_scores, "the scores bleu and chrf (numbers from 0 to 100), bp and ratio (numbers >= 0), bleu_signature"),
+    "chosen": (lambda v: _decoding(v) and is_score(v.get("valid_bleu")) and v.get("chosen_on") == CHOSEN_ON,
+               f"a decoding chosen on the validation split: beam_size, alpha, average_last, valid_bleu, chosen_on "
+               f"{CHOSEN_ON!r}"),
+    "decodes": (lambda v: isinstance(v, list) and v != [] and all(
+        _decoding(row) and _scores(row) and row.get("split") in ("validation", "test") for row in v),
+        "a list of decodings: split, beam_size, alpha, average_last and their scores"),
+    "test_hypotheses": (_hypotheses, "the test hypotheses of its three decodings, chosen, greedy_final and beam_final "
+                                     "(lists of sentences, of one length)"),
+}
+
+
 def check_record(record, path: Path) -> dict:
-    """record as run_one writes it: complete, every number of the right type and range, its file named after it, its
+    """record as run_one writes it: complete, every field of the right type and range, its file named after it, its
     variant's changes those of VARIANTS; else a RecordError naming the file and what is wrong."""
     def wrong(problem: str) -> RecordError:
         return RecordError(f"ablation record {str(path)!r} {problem}; remove it (or run with --overwrite) to run it "
@@ -222,7 +329,7 @@ def check_record(record, path: Path) -> dict:
     missing = [key for key in RECORD_KEYS + (() if record.get("diverged") else TRAINED_KEYS) if key not in record]
     if missing:
         raise wrong(f"lacks {', '.join(missing)}: it is not a complete record")
-    if record["variant"] not in VARIANTS or not is_count(record["seed"], 0):
+    if not isinstance(record["variant"], str) or record["variant"] not in VARIANTS or not is_count(record["seed"], 0):
         raise wrong(f"names variant {record['variant']!r} and seed {record['seed']!r}; expected one of VARIANTS and "
                     f"a seed >= 0")
     if path.name != record_path(path.parent, record["variant"], record["seed"]).name:
@@ -231,32 +338,21 @@ def check_record(record, path: Path) -> dict:
     if record["changes"] != VARIANTS[record["variant"]][1]:
         raise wrong(f"changes {record['changes']} where {record['variant']} now changes "
                     f"{VARIANTS[record['variant']][1]}")
-    if not isinstance(record["diverged"], bool) or not isinstance(record["curve"], list):
-        raise wrong("has no yes/no 'diverged' or no list 'curve'")
+    if not isinstance(record["diverged"], bool):
+        raise wrong(f"has diverged {json.dumps(record['diverged'])[:60]}, not true or false")
+    for key, (test, expected) in {**FIELDS, **({} if record["diverged"] else TRAINED_FIELDS)}.items():
+        if not test(record.get(key)):
+            raise wrong(f"has {key} {json.dumps(record.get(key))[:60]}, not {expected}")
     if record["diverged"]:
-        if not isinstance(record.get("error"), str):
+        if not _text(record.get("error")):
             raise wrong("records a diverged run without its error")
         return record
     epochs = record["settings"]["training"]["epochs"] if record["epochs_asked"] is None else record["epochs_asked"]
     if record["epochs"] != epochs or len(record["curve"]) != epochs:
         raise wrong(f"records {record['epochs']} epochs and {len(record['curve'])} epoch records where its run asked "
                     f"for {epochs}: a run cut short")
-    if not is_count(record["steps"]) or not is_minutes(record["minutes"]) or not is_minutes(record["wall_minutes"]):
-        raise wrong(f"records steps {record['steps']!r}, minutes {record['minutes']!r} and wall minutes "
-                    f"{record['wall_minutes']!r}; expected a positive count and numbers of minutes up to a year")
-    scores = [record["valid_bleu_greedy"], record["test_greedy_final"], record["test_beam_final"],
-              record["test"].get("bleu") if isinstance(record["test"], dict) else None]
-    scores += [row.get("bleu") if isinstance(row, dict) else None for row in record["decodes"]]
-    if not all(is_score(score) for score in scores):
-        raise wrong(f"holds a BLEU score that is not a number from 0 to 100 ({scores})")
-    chosen = record["chosen"]
-    if not (isinstance(chosen, dict) and chosen.get("chosen_on") == CHOSEN_ON and is_score(chosen.get("valid_bleu"))):
-        raise wrong("holds no decoding chosen on the validation split")
-    hypotheses = record["test_hypotheses"]
-    if not (isinstance(hypotheses, dict) and sorted(hypotheses) == ["beam_final", "chosen", "greedy_final"]
-            and all(isinstance(h, list) and all(isinstance(t, str) for t in h) for h in hypotheses.values())
-            and len({len(h) for h in hypotheses.values()}) == 1):
-        raise wrong("holds no test hypotheses of its three decodings (lists of sentences, of one length)")
+    if record["chosen"]["average_last"] > epochs:
+        raise wrong(f"chose the average of the last {record['chosen']['average_last']} epochs of a run of {epochs}")
     return record
 
 
@@ -273,27 +369,68 @@ def read_record(path: Path) -> dict:
 
 
 def read_records(folder: Path) -> list[dict]:
-    """Every record in folder, checked (read_record)."""
+    """Every record in folder, checked (read_record), and all of one sweep (differs_from_sweep)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"--summary {str(folder)!r} is not a folder of ablation records")
-    return [read_record(path) for path in sorted(folder.glob("*-seed*.json"))]
+    records = [read_record(path) for path in sorted(folder.glob("*-seed*.json"))]
+    if records:  # compared with a trained baseline where there is one: its overrides are the sweep's own
+        first = min(records, key=lambda r: (r["diverged"], r["variant"] != "baseline"))
+        name, sweep = record_path(folder, first["variant"], first["seed"]), sweep_of(first)
+        for record in records:
+            other = differs_from_sweep(record, sweep, name.name)
+            if other is not None:
+                raise RecordError(f"ablation records {str(name)!r} and "
+                                  f"{str(record_path(folder, record['variant'], record['seed']))!r} are of two "
+                                  f"sweeps: the second has {other}; keep each sweep's records in a folder of its own")
+    return records
 
 
-def differs_from_sweep(record: dict, args: argparse.Namespace) -> str | None:
+def check_hypotheses(records: list[dict], references: list[str], folder: Path) -> None:
+    """Refuse, naming its file, a trained record whose test hypotheses are not one per sentence of references."""
+    for record in (r for r in records if not r["diverged"]):
+        count = len(record["test_hypotheses"]["chosen"])
+        if count != len(references):
+            raise RecordError(f"ablation record {str(record_path(Path(folder), record['variant'], record['seed']))!r} "
+                              f"holds {count} test hypotheses per decoding where test2016 has {len(references)} "
+                              f"sentences: it was decoded from another test set; remove it (or run with --overwrite) "
+                              f"to run it again")
+
+
+def sweep_of(record: dict) -> dict:
+    """What the sweep of a record asked for: preset, the overrides under every variant (the record's own without
+    its variant's changes), data, length and, for a trained run, the decoding sweep (beam and alphas)."""
+    changes = VARIANTS[record["variant"]][1]
+    overrides = {part: {key: value for key, value in values.items() if key not in changes.get(part, {})}
+                 for part, values in record["overrides"].items()}
+    trained = not record["diverged"]
+    return {"preset": record["preset"], "train_limit": record["train_limit"], "epochs_asked": record["epochs_asked"],
+            "overrides": {part: values for part, values in overrides.items() if values or part not in changes},
+            "beam": record["chosen"]["beam_size"] if trained else None, "alpha": alphas_of(record) if trained else None}
+
+
+def sweep_of_arguments(args: argparse.Namespace) -> dict:
+    """What this call's sweep asks for, as sweep_of gives it for a record."""
+    return {"preset": args.preset, "overrides": json.loads(args.overrides), "train_limit": args.train_limit,
+            "epochs_asked": args.epochs, "beam": args.beam, "alpha": sorted(set(args.alpha))}
+
+
+def alphas_of(record: dict) -> list[float]:
+    """The alphas of a trained record's beam search on the validation split."""
+    return sorted({row["alpha"] for row in record["decodes"] if row["split"] == "validation" and row["beam_size"] > 1})
+
+
+def differs_from_sweep(record: dict, sweep: dict, whose: str = "this sweep") -> str | None:
     """What makes a record another sweep's (its preset, settings, data, length or decoding sweep), or None."""
-    overrides = merge(json.loads(args.overrides), VARIANTS[record["variant"]][1])
-    asked = {"preset": args.preset, "overrides": overrides, "train_limit": args.train_limit,
-             "epochs_asked": args.epochs}
+    asked = {"preset": sweep["preset"], "overrides": merge(sweep["overrides"], VARIANTS[record["variant"]][1]),
+             "train_limit": sweep["train_limit"], "epochs_asked": sweep["epochs_asked"]}
     for key, value in asked.items():
         if record[key] != value:
-            return f"{key} {record[key]!r} where this sweep has {value!r}"
-    if not record["diverged"]:
-        alphas = sorted({row["alpha"] for row in record["decodes"] if row["split"] == "validation"
-                         and row["beam_size"] > 1})
-        if alphas != sorted(set(args.alpha)) or record["chosen"]["beam_size"] != args.beam:
-            return (f"a decoding sweep of beam {record['chosen']['beam_size']} and alpha {alphas} where this sweep "
-                    f"has beam {args.beam} and alpha {sorted(set(args.alpha))}")
+            return f"{key} {record[key]!r} where {whose} has {value!r}"
+    if not record["diverged"] and sweep["beam"] is not None:
+        if alphas_of(record) != sweep["alpha"] or record["chosen"]["beam_size"] != sweep["beam"]:
+            return (f"a decoding sweep of beam {record['chosen']['beam_size']} and alpha {alphas_of(record)} where "
+                    f"{whose} has beam {sweep['beam']} and alpha {sweep['alpha']}")
     return None
 
 
@@ -418,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=positive_int, default=1, help="runs trained at once (default: %(default)s)")
     parser.add_argument("--stop-after", type=_minutes_argument, help="start no run after this many minutes")
     parser.add_argument("--overwrite", action="store_true", help="run again the runs that have a record")
-    parser.add_argument("--work", help="folder for the runs' temporary folders (default: the system's)")
+    parser.add_argument("--work", type=_folder_argument,
+                        help="an existing folder for the runs' temporary folders (default: the system's)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one run, in a process of its own
     parser.add_argument("--seed", type=non_negative_int, help=argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -436,10 +574,12 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
     if args.summary is not None:
         import pandas as pd
 
-        from transformer_lib.data import load_pairs
-
         records = read_records(args.summary)
-        references = [en for _, en in load_pairs("multi30k", "test", "de", "en")]  # test2016, as the runs decoded it
+        if not records:
+            raise RecordError(f"--summary {str(args.summary)!r} holds no ablation records (VARIANT-seedS.json); give "
+                              f"the folder that --out wrote them to")
+        references = test2016_references()
+        check_hypotheses(records, references, args.summary)
         with pd.option_context("display.width", 200, "display.max_columns", None):
             print(runs_table(records, references).round(3).to_string(index=False), end="\n\n")
             print(summary_table(records).round(2).to_string(index=False))
@@ -452,8 +592,12 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
         parser.error(f"--overrides is not JSON ({error.msg} at column {error.colno}): {args.overrides!r}")
     if not isinstance(overrides, dict):
         parser.error(f'--overrides must be a JSON object like {{"training": {{"epochs": 2}}}}, got {args.overrides!r}')
-    for variant in args.variants:  # every run's settings checked before the first trains: a typo stops here
-        resolve_settings(args.preset, merge(overrides, VARIANTS[variant][1]))
+    try:  # every run's settings checked before the first trains: a typo stops here
+        resolve_settings(args.preset, overrides, "--overrides")
+        for variant in args.variants:
+            resolve_settings(args.preset, merge(overrides, VARIANTS[variant][1]), "--overrides")
+    except (TypeError, ValueError) as error:  # whatever the settings refuse: one line that names --overrides
+        raise ValueError(str(error) if str(error).startswith("--overrides") else f"--overrides: {error}") from error
     if args.out.is_symlink() or (args.out.exists() and not args.out.is_dir()):
         parser.error(f"--out {str(args.out)!r} is a link or a file; give a folder for the records")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -462,20 +606,29 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
         print(f"{args.variant} seed {args.seed}: " + ("diverged" if record["diverged"] else
               f"{record['steps']} steps, {record['minutes']:.1f} min, test BLEU {record['test']['bleu']:.2f}"))
         return 0
-    todo = []
+    todo, done = [], []
     for seed in dict.fromkeys(args.seeds):
         for variant in dict.fromkeys(args.variants):
             path = record_path(args.out, variant, seed)
             if args.overwrite or not (path.exists() or path.is_symlink()):
                 todo.append((variant, seed))
                 continue
-            other = differs_from_sweep(read_record(path), args)  # a corrupt record stops the sweep, named
+            done.append(read_record(path))  # a corrupt record stops the sweep, named
+            other = differs_from_sweep(done[-1], sweep_of_arguments(args))
             if other is not None:
                 raise RecordError(f"ablation record {str(path)!r} is of another sweep: {other}; give another --out, "
                                   f"or --overwrite to run it again with this sweep's settings")
+    if done:
+        check_hypotheses(done, test2016_references(), args.out)
+    logs = args.out / "logs"
+    if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
+        raise ValueError(f"{str(logs)!r} is a link or a file, not the folder of the runs' logs; nothing is written "
+                         f"through it: remove it, or give another --out")
+    logs.mkdir(exist_ok=True)
+    for variant, seed in todo:  # no log is written through a link, nor over a folder or a FIFO: checked before any run
+        check_replaceable(log_path(args.out, variant, seed), "ablation log")
     print(f"{len(todo)} runs to do, {args.jobs} at a time; records in {args.out}", flush=True)
     started, running, failed = time.perf_counter(), [], []
-    (args.out / "logs").mkdir(exist_ok=True)
     env = dict(os.environ)
     if args.jobs > 1 and "OMP_NUM_THREADS" not in env:  # runs that share a CPU share its cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
@@ -484,7 +637,7 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
         while todo and len(running) < args.jobs and not (
                 args.stop_after is not None and (time.perf_counter() - started) / 60 > args.stop_after):
             variant, seed = todo.pop(0)
-            log = open(args.out / "logs" / f"{variant}-seed{seed}.log", "w", encoding="utf-8")
+            log = open_log(log_path(args.out, variant, seed))
             command = [sys.executable, __file__, *passed, "--variant", variant, "--seed", str(seed)]
             running.append((variant, seed, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                                  env=env)))
@@ -497,7 +650,7 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
             if process.poll() is not None:
                 running.remove(item)
                 log.close()
-                tail = (args.out / "logs" / f"{variant}-seed{seed}.log").read_text(encoding="utf-8").strip()
+                tail = log_path(args.out, variant, seed).read_text(encoding="utf-8").strip()
                 print(tail.splitlines()[-1] if tail else f"{variant} seed {seed}: no output", flush=True)
                 if process.returncode != 0:
                     failed.append(f"{variant} seed {seed}")

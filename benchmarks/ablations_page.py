@@ -225,13 +225,12 @@ def stored_digest(text: str) -> str | None:
 def sync(check: bool) -> bool:
     """Rewrite the page's blocks and figure from the records, or (check) say whether they were made from them."""
     text = PAGE.read_text(encoding="utf-8")
+    records = ablations.read_records(RECORDS)  # each checked, all of one sweep, as for --summary: else one line
     digest = records_digest()
     if check:
         return stored_digest(text) == digest and FIGURE.is_file()
-    from transformer_lib.data import load_pairs
-
-    records = ablations.read_records(RECORDS)
-    references = [en for _, en in load_pairs("multi30k", "test", "de", "en")]  # test2016, as the runs decoded it
+    references = ablations.test2016_references()
+    ablations.check_hypotheses(records, references, RECORDS)
     stats = ablations.significance(records, references)
     new = BLOCK.sub(lambda m: m.group(1) + render(m["name"], records, stats, digest) + m.group(4), text)
     PAGE.write_text(new, encoding="utf-8")

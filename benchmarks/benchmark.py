@@ -37,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transformer_lib as tl  # noqa: E402
 from torch_baseline import TorchTransformer  # noqa: E402
 from transformer_lib.decoding import beam_search  # noqa: E402
-from transformer_lib.files import atomic_write_text, check_replaceable  # noqa: E402
+from transformer_lib.files import atomic_write_text, read_json  # noqa: E402
+from transformer_lib.runs import check_output_file  # noqa: E402
+from transformer_lib.settings import is_count, is_number  # noqa: E402
 from transformer_lib.training import teacher_forcing_pair, translation_loss  # noqa: E402
 
 SIZES = {
@@ -117,6 +119,8 @@ def flops_per_step(size: str, batch: int, src_len: int, tgt_len: int, training: 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 10) -> float:
@@ -313,11 +317,85 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _rates(value) -> bool:  # a summary() of tokens per second
+    return isinstance(value, dict) and all(is_number(value.get(key)) and value[key] > 0
+                                           for key in ("median", "min", "max"))
+
+
+def _environment(value) -> bool:
+    return (isinstance(value, dict) and all(isinstance(value.get(key), str) for key in ("device_name", "torch", "date"))
+            and is_count(value.get("torch_threads"))
+            and all(value.get(key) is None or is_number(value[key]) for key in ("load_average_at_start",
+                                                                                "load_average_at_end")))
+
+
+def _settings(value) -> bool:
+    return (isinstance(value, dict) and value.get("size") in SIZES and value.get("dtype") in DTYPES
+            and isinstance(value.get("compile"), bool)
+            and all(is_count(value.get(key)) for key in ("repeats", "steps", "decode_tokens"))
+            and isinstance(value.get("shape"), list) and len(value["shape"]) == 3
+            and all(is_count(n) for n in value["shape"]))
+
+
+# key -> (test, what is expected): what table() and benchmarks/tables.py read of a report
+REPORT_FIELDS = {
+    "environment": (_environment, "an object with device_name, torch_threads, torch, date and the load averages"),
+    "settings": (_settings, "an object with size, dtype, compile, repeats, steps, decode_tokens and shape"),
+    "matmul_flops_per_s": (lambda v: is_number(v) and v > 0, "a number > 0"),
+    "training": (lambda v: isinstance(v, dict) and sorted(v) == sorted(MODELS) and all(
+        isinstance(r, dict) and _rates(r.get("tokens_per_s")) and is_number(r.get("model_flops_per_s"))
+        and "peak_memory_mib" in r and (r["peak_memory_mib"] is None or is_number(r["peak_memory_mib"]))
+        for r in v.values()), f"an object of {', '.join(MODELS)}, each with tokens_per_s, model_flops_per_s and "
+                               f"peak_memory_mib"),
+    "decoding": (lambda v: isinstance(v, dict) and v != {} and all(
+        isinstance(r, dict) and _rates(r.get("tokens_per_s")) for r in v.values()), "an object of tokens_per_s"),
+}
+
+
+def read_report(path: Path) -> dict:
+    """The report in path, as main writes it with --json; one line naming the file and what is wrong otherwise."""
+    report = read_json(Path(path), "benchmark report", "benchmarks/benchmark.py --json")
+    problem = None if isinstance(report, dict) else f"holds a JSON {type(report).__name__}, not a report"
+    for key, (test, expected) in REPORT_FIELDS.items():
+        if problem is None and not test(report.get(key)):
+            problem = f"has {key} {json.dumps(report.get(key))[:60]}, not {expected}"
+    if problem is not None:
+        raise ValueError(f"benchmark report {str(path)!r} {problem}; write it again with benchmarks/benchmark.py "
+                         f"--json")
+    return report
+
+
+def is_report(path: Path) -> bool:
+    """Whether path holds a report of this script, which --json may replace."""
+    try:
+        read_report(path)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def device_problem(name: str) -> str | None:
+    """Why --device NAME cannot be timed here (None when it can): only cpu, cuda[:N] and mps, and only if present."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        return f"--device must be a device such as cpu, cuda, cuda:1 or mps that this benchmark times, got {name!r}"
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        return (f"--device {name!r}: torch sees {torch.cuda.device_count()} CUDA GPUs here; use cpu, or one of "
+                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else
+                f"--device {name!r}: torch sees no CUDA GPU here; use cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return f"--device {name!r}: torch sees no Apple GPU (MPS) here; use cpu"
+    return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default: small)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: the best one here)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best one here)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="autocast precision (default: fp32)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--batch", default=None, help="SENTENCES,SRC_LEN,TGT_LEN (default: by size and device)")
@@ -339,15 +417,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.json is not None:
-        try:
-            check_replaceable(args.json, "--json")  # never a folder, a link or a special file
-        except ValueError as error:
+        try:  # never a folder, a link, a special file, a run's file or a file that is not a report of this script
+            check_output_file(args.json, "--json", replaces=is_report, kind="a report of benchmarks/benchmark.py")
+        except (ValueError, OSError) as error:
             parser.error(str(error))
-    if args.device is not None:
-        try:
-            torch.device(args.device)
-        except RuntimeError:
-            parser.error(f"--device must be a device such as cpu, cuda or cuda:1, got {args.device!r}")
+    problem = None if args.device is None else device_problem(args.device)
+    if problem is not None:
+        parser.error(problem)
     if args.batch is not None:
         try:
             args.shape = tuple(int(part) for part in args.batch.split(","))

@@ -26,24 +26,52 @@ import tempfile
 import time
 from pathlib import Path
 
+WHAT = "a recipe trial on the validation split of Multi30k de->en (test set never decoded)"
+WRITER = "benchmarks/recipe_trial.py"
 
-def run(args: argparse.Namespace) -> dict:
+
+def is_report(path: Path) -> bool:
+    """Whether path holds a report of this script (checksum intact), which --json may replace."""
+    from transformer_lib.files import read_checked_json
+
+    try:
+        return str(read_checked_json(path, "recipe report", WRITER).get("what")).startswith(WHAT)  # or annotated
+    except (ValueError, OSError):
+        return False
+
+
+def read_overrides(args: argparse.Namespace) -> dict:
+    """The settings overrides of --config, checked against the preset; one line naming the file otherwise."""
+    from transformer_lib import recipe
+    from transformer_lib.files import read_settings_file
+
+    if args.config is None:
+        return {}
+    if not args.config.is_file():
+        raise FileNotFoundError(f"--config {str(args.config)!r} does not exist or is not a file; give a JSON file of "
+                                f'settings overrides like {{"training": {{"epochs": 5}}}}, or leave --config out')
+    overrides = read_settings_file(args.config)
+    source = f"--config {str(args.config)!r}"
+    try:
+        recipe.resolve_settings(args.preset, overrides, source)
+    except (TypeError, ValueError) as error:  # whatever the settings refuse: one line that names the file
+        raise ValueError(str(error) if str(error).startswith(source) else f"{source}: {error}") from error
+    return overrides
+
+
+def run(args: argparse.Namespace, overrides: dict) -> dict:
     import torch
 
     import transformer_lib as tl
     from transformer_lib import recipe, translation, validation
     from transformer_lib.data import load_pairs
-    from transformer_lib.files import read_settings_file, write_checked_json
+    from transformer_lib.files import write_checked_json
 
-    overrides = read_settings_file(args.config) if args.config else {}
-    if not isinstance(overrides, dict):
-        raise ValueError(f'--config {args.config} must hold a JSON object like {{"training": {{...}}}}')
     # BLEU after every epoch (the curve), and the weights of as many last epochs as the largest average needs
     training = {**overrides.get("training", {}), "bleu_every": 1, "keep_checkpoints": max([1, *args.average])}
     overrides = {"model": dict(overrides.get("model", {})), "training": training}
     report = {
-        "what": "a recipe trial on the validation split of Multi30k de->en (test set never decoded)",
-        "preset": args.preset, "overrides": overrides,
+        "what": WHAT, "preset": args.preset, "overrides": overrides,
         "settings": recipe.resolve_settings(args.preset, overrides), "epochs": args.epochs,
         "device": str(tl.get_device()), "cpu": tl.runtime.cpu_name(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
@@ -94,14 +122,10 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
-
-
-
-
 def main(argv: list[str] | None = None) -> int:
     from transformer_lib.cli import alpha_value, beam_size, positive_int
-    from transformer_lib.files import check_replaceable
     from transformer_lib.recipe import PRESETS
+    from transformer_lib.runs import check_output_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="multi30k-cpu", choices=sorted(PRESETS), help="default: %(default)s")
@@ -117,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 2 for n in args.average):
         parser.error(f"--average takes counts of 2 or more (the final weights are always decoded), got {args.average}")
     try:
-        check_replaceable(args.json, "--json")  # never written through a link, never over a folder
-        report = run(args)
+        # never through a link, over a folder, a run's file or a file that is not a report of this script
+        check_output_file(args.json, "--json", replaces=is_report, kind=f"a report of {WRITER}")
+        report = run(args, read_overrides(args))
     except (ValueError, OSError) as error:
         if args.debug:
             raise

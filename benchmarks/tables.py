@@ -19,7 +19,7 @@ APPENDIX = ROOT / "book" / "appendix_performance.ipynb"
 BLOCK = re.compile(r"(<!-- benchmark-table: (?P<name>[\w.-]+\.json) -->\n)(?P<body>.*?)(<!-- end benchmark-table -->)", re.S)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import table  # noqa: E402
+from benchmark import read_report, table  # noqa: E402
 
 
 def caption(report: dict, name: str) -> str:
@@ -39,7 +39,11 @@ def caption(report: dict, name: str) -> str:
 
 
 def render(name: str) -> str:
-    report = json.loads((RESULTS / name).read_text())
+    path = RESULTS / name
+    if not path.is_file():
+        raise ValueError(f"{APPENDIX.name} has a table of {name}, but {path} is not a file; write it with "
+                         f"benchmarks/benchmark.py --json {path}, or remove the table's block")
+    report = read_report(path)  # checked: one line naming the file and the field when it is not a report
     return f"{caption(report, name)}\n\n{table(report)}\n"
 
 
@@ -65,16 +69,19 @@ def sync(check: bool) -> list[str]:
     return differing
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Keep the appendix's benchmark tables equal to benchmarks/results/.")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
-    args = parser.parse_args()
-    differing = sync(args.check)
+    args = parser.parse_args(argv)
+    try:
+        differing = sync(args.check)
+    except (ValueError, OSError) as error:  # a report that is missing, not JSON or not a report: one line
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     if differing:
         print(("differs from its report: " if args.check else "rewrote: ") + ", ".join(differing))
-    if args.check and differing:
-        sys.exit(1)
+    return 1 if args.check and differing else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -161,17 +161,71 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
         "minutes up to a year": lambda: write_checked_json(path, {**good, "minutes": 1e308}),
         "not a number from 0 to 100": lambda: write_checked_json(path, {**good, "test_greedy_final": 101}),
     }
+    # a valid checksum over a wrong structure: every field that the sweep, the tables and the page read is checked
+    kept = good["test_hypotheses"]
+    for key, value in {"test": {"bleu": 30}, "chosen": {"valid_bleu": 30.0, "chosen_on": "validation",
+                                                        "average_last": 1},
+                       "settings": "x", "decodes": 5, "load_average": "xy", "final_valid_loss": "low",
+                       "epochs_asked": "12", "curve": [{"epoch": 1}], "date": 5, "variant": ["baseline"]}.items():
+        damaged[f"{key} "] = lambda key=key, value=value: write_checked_json(path, {**good, key: value})
+    damaged["holds 2 test hypotheses per decoding where test2016 has"] = lambda: write_checked_json(
+        path, {**good, "test_hypotheses": {name: hypotheses[:2] for name, hypotheses in kept.items()}})
     for expected, damage in damaged.items():
         damage()
         refused(["--summary", str(out)], str(path), expected)  # the table, too, stops at it in one line
         refused(quick, str(path), expected)  # and the sweep neither counts it as done nor runs over it
     write_checked_json(path, {**good, "test_greedy_final": 100.00000000000004})
     assert ablations.main(["--summary", str(out)]) == 0  # sacreBLEU's own rounding of a perfect score is a score
+    capsys.readouterr()
+
+    # two sweeps' records in one folder are not one table: "vs baseline" and p-values would compare across them
+    changes = ablations.VARIANTS["pre-norm"][1]
+    other = ablations.record_path(out, "pre-norm", 0)
+    for key, value in {"preset": "multi30k-cpu", "train_limit": 500}.items():
+        write_checked_json(other, {**good, "variant": "pre-norm", "changes": changes,
+                                   "overrides": ablations.merge(good["overrides"], changes), key: value})
+        refused(["--summary", str(out)], str(path), str(other), "are of two sweeps", f"{key} {value!r}")
+        monkeypatch.setattr(ablations_page, "RECORDS", out)  # and the appendix reads them through the same reader
+        refused_page = ablations_page.main(["--check"])
+        err = capsys.readouterr().err.strip()
+        assert refused_page == 1 and "\n" not in err and str(other) in err and "are of two sweeps" in err, err
+    other.unlink()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(["--summary", str(empty)], str(empty), "holds no ablation records")
+
+
+def test_a_log_is_never_written_through_a_link(tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n", encoding="utf-8")
+    out = tmp_path / "abl"
+    quick = ["--out", str(out), "--preset", "tiny", "--seeds", "0", "--variants", "baseline"]
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "baseline-seed0.log").symlink_to(victim)
+    assert ablations.main(quick) == 1  # refused before any run starts
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ablation log") and "symbolic link" in err and "\n" not in err, err
+    (out / "logs" / "baseline-seed0.log").unlink()
+    (out / "logs").rmdir()
+    (out / "logs").symlink_to(tmp_path, target_is_directory=True)  # the folder of the logs itself a link
+    assert ablations.main(quick) == 1
+    err = capsys.readouterr().err.strip()
+    assert str(out / "logs") in err and "is a link or a file" in err and "\n" not in err, err
+    assert victim.read_text(encoding="utf-8") == "keep me\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "abl", "victim.txt"]
+
+
+@pytest.mark.parametrize("overrides", ['{"model": 5}', '{"training": [1, 2]}', '{"model": {"d_model": [1]}}'])
+def test_overrides_of_the_wrong_shape_are_one_line(tmp_path, capsys, overrides):
+    assert ablations.main(["--out", str(tmp_path / "ab1"), "--preset", "tiny", "--overrides", overrides]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --overrides") and "\n" not in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("argument, value", [("--train-limit", "-1000"), ("--epochs", "0"), ("--beam", "33"),
                                              ("--alpha", "nan"), ("--seeds", "-1"), ("--jobs", "0"),
-                                             ("--stop-after", "inf"), ("--preset", "huge")])
+                                             ("--stop-after", "inf"), ("--preset", "huge"),
+                                             ("--work", "no-such-folder")])
 def test_a_bad_argument_is_refused_naming_it(capsys, argument, value):
     with pytest.raises(SystemExit) as stop:
         ablations.main(["--out", "unused", argument, value])

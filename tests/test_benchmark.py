@@ -16,6 +16,7 @@ import transformer_lib as tl
 
 ROOT = Path(__file__).resolve().parent.parent
 import benchmark
+import tables
 from torch_baseline import TorchTransformer
 
 
@@ -95,8 +96,6 @@ def test_bad_arguments_are_named(argv, message, capsys):
 
 
 def test_the_appendix_tables_are_the_committed_reports():
-    import tables
-
     text = tables.APPENDIX.read_text(encoding="utf-8")
     names = [match["name"] for match in tables.BLOCK.finditer("".join(
         "".join(cell["source"]) for cell in json.loads(text)["cells"] if cell["cell_type"] == "markdown"))]
@@ -114,3 +113,55 @@ def test_a_bad_argument_is_one_line_before_anything_runs(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:
         benchmark.parse_args(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["meta", "xpu", "hpu", "ipu", "cuda:x"])
+def test_a_device_the_benchmark_cannot_time_is_refused_before_anything_runs(capsys, device):
+    with pytest.raises(SystemExit) as stop:
+        benchmark.parse_args(["--device", device])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--device must be a device such as cpu, cuda, cuda:1 or mps" in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refusing cuda needs a machine without CUDA")
+def test_cuda_is_refused_where_there_is_none(capsys):
+    with pytest.raises(SystemExit) as stop:
+        benchmark.parse_args(["--device", "cuda:1"])
+    assert stop.value.code == 2 and "torch sees no CUDA GPU here; use cpu" in capsys.readouterr().err
+
+
+def test_json_replaces_only_a_report_of_the_benchmark(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    report.write_text((tables.RESULTS / "cpu-small-fp32.json").read_text(encoding="utf-8"), encoding="utf-8")
+    assert benchmark.parse_args(["--json", str(report)]).json == report  # its own kind: replaced by the new one
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"weights")
+    (run / "notes.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "other.json").write_text('{"x": 1}\n', encoding="utf-8")
+    for path, kind in [(run / "checkpoint.pt", "is a run folder's file"), (run / "notes.json", "is in a run folder"),
+                       (tmp_path / "other.json", "is not a report of benchmarks/benchmark.py")]:
+        before = path.read_bytes()
+        with pytest.raises(SystemExit) as stop:
+            benchmark.parse_args(["--json", str(path)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and str(path) in err and kind in err, err
+        assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("text, message", [('{"x": 1}', "has environment null, not an object"),
+                                           ('{"environment": {', "is not valid JSON (line 1, column"),
+                                           ("[1]", "holds a JSON list, not a report")])
+def test_tables_refuse_a_report_that_is_not_one_in_one_line(tmp_path, monkeypatch, capsys, text, message):
+    import shutil
+
+    for path in tables.RESULTS.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "cpu-small-fp32.json").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    assert tables.main(["--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: benchmark report") and "\n" not in err and message in err, err
+    assert str(tmp_path / "cpu-small-fp32.json") in err
+    (tmp_path / "cpu-small-fp32.json").unlink()
+    assert tables.main(["--check"]) == 1 and "is not a file" in capsys.readouterr().err

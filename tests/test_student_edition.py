@@ -284,6 +284,31 @@ def test_the_command_refuses_unbalanced_markers_with_the_cell(tmp_path):
     assert "error: book/01_a.ipynb, cell 6: the {solution-start} marker has no {solution-end} after it" in result.stderr
 
 
+def test_an_out_that_is_a_file_or_a_repo_that_is_not_the_books_clone_is_one_line(tmp_path, capsys):
+    root = make_repo(tmp_path / "repo")
+    hyp = tmp_path / "hyp.en"
+    hyp.write_text("a translation\n", encoding="utf-8")
+    copy = tmp_path / "not-git"  # the book's files without git: nothing says which are tracked
+    (copy / "book").mkdir(parents=True)
+    (copy / "book" / "_config.yml").write_text((root / "book" / "_config.yml").read_text())
+    edition = tmp_path / "edition"
+    for argv, expected in [(["--repo", str(root), "--out", str(hyp)], f"--out {hyp} is a file, not a folder"),
+                           (["--repo", str(tmp_path / "nope"), "--out", str(edition)], "holds no book/_config.yml"),
+                           (["--repo", str(copy), "--out", str(edition)], f"--repo {copy} is not a git repository")]:
+        assert se.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and expected in err, err
+    assert hyp.read_text(encoding="utf-8") == "a translation\n" and not edition.exists()  # nothing written
+
+
+def test_colab_refuses_a_book_folder_without_its_config_in_one_line(tmp_path, capsys):
+    for book in (tmp_path / "nope", tmp_path):
+        with pytest.raises(SystemExit) as stop:
+            colab.main(["--check", "--book", str(book)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--book {str(book)!r} is not the book's folder" in err, err
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The real book, end to end
 

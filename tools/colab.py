@@ -137,7 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--book", type=Path, default=BOOK, help="the book folder (default: %(default)s)")
     parser.add_argument("--branch", help="install from this branch instead of the one in _config.yml")
     args = parser.parse_args(argv)
-    url, branch = repository(args.book / "_config.yml")
+    if not (args.book / "_config.yml").is_file():
+        parser.error(f"--book {str(args.book)!r} is not the book's folder (it holds no _config.yml); give the folder "
+                     f"of _config.yml and the notebooks, or leave --book out for {BOOK}")
+    try:
+        url, branch = repository(args.book / "_config.yml")
+    except (ValueError, OSError) as error:  # no repository.url, or a file that cannot be read
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     branch = args.branch or branch
     failed = False
     for path in sorted(args.book.glob("*.ipynb")):

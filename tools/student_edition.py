@@ -369,7 +369,14 @@ def untracked_files(root: Path = ROOT) -> list[str]:
 
 
 def _git_files(root: Path, *options: str) -> list[str]:
-    listing = subprocess.run(["git", "ls-files", "-z", *options], cwd=root, capture_output=True, check=True).stdout
+    try:
+        listing = subprocess.run(["git", "ls-files", "-z", *options], cwd=root, capture_output=True, check=True).stdout
+    except FileNotFoundError:
+        raise ValueError("git is not installed (or not on PATH); the edition is made of the files git tracks") from None
+    except subprocess.CalledProcessError as error:
+        said = error.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ValueError(f"--repo {root} is not a git repository ({said[0] if said else 'git ls-files failed'}); "
+                         f"give a clone of the book's repository") from None
     return [name for name in listing.decode("utf-8").split("\0") if name and (root / name).is_file()]
 
 
@@ -480,8 +487,13 @@ def make_edition(
     url, when given, replaces repository.url: the edition is published in another repository.
     """
     out, root = out.resolve(), root.resolve()
+    if not (root / "book" / "_config.yml").is_file():
+        raise ValueError(f"--repo {root} holds no book/_config.yml; give the folder of the book's repository")
     if out == root or out in root.parents or root in out.parents:
         raise ValueError(f"--out {out} must lie outside the repository {root}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; give a new folder for the edition")
+    tracked, untracked = tracked_files(root), untracked_files(root)  # --repo is a git clone: checked before writing
     if out.exists() and any(path.name != ".git" for path in out.iterdir()):
         if not force:
             raise FileExistsError(f"--out {out} is not empty; choose a new folder or pass --force to replace its files")
@@ -491,8 +503,7 @@ def make_edition(
     out.mkdir(parents=True, exist_ok=True)
 
     full_url, full_branch = colab.repository(root / "book" / "_config.yml")
-    untracked = untracked_files(root)
-    for name in tracked_files(root) + (untracked if include_untracked else []):
+    for name in tracked + (untracked if include_untracked else []):
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / name, target)
@@ -561,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out, args.branch, root=args.repo, force=args.force, include_untracked=args.include_untracked,
             url=args.url, clear_all_outputs=args.clear_all_outputs,
         )
-    except (SolutionMarkupError, FileExistsError, ValueError) as error:
+    except (SolutionMarkupError, ValueError, OSError) as error:  # FileExistsError too
         print(f"error: {error}", file=sys.stderr)
         return 2
     for name, removed in report.items():
