@@ -212,9 +212,9 @@ def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
     written = read_checked_json(path, "record", "the test")  # the file itself carries the run's id and the weights
     assert written["run_id"] == run_id(run) and written["weights"] == "the average of epochs 2-3"
     with pytest.raises(ValueError, match="chosen_on must be 'validation', got 'test'"):
-        runs.write_decoding(run, DECODING, "test", weights="the final weights (step 1,234)")
+        runs.write_decoding(run, DECODING, "test", weights="the average of epochs 2-3")
     with pytest.raises(ValueError, match="alpha must be a number from 0"):
-        runs.write_decoding(run, {**DECODING, "alpha": -1}, "validation", weights="the final weights (step 1,234)")
+        runs.write_decoding(run, {**DECODING, "alpha": -1}, "validation", weights="the average of epochs 2-3")
     with pytest.raises(ValueError, match="weights must name the weights decoded"):
         runs.write_decoding(run, DECODING, "validation", weights="")
     assert read_checked_json(path, "record", "the test") == written  # a refused write leaves the file as it was
@@ -255,7 +255,7 @@ def test_decoding_json_of_another_run_or_lacking_its_keys_is_refused_in_one_line
 def test_write_decoding_needs_the_checkpoint_of_the_run_it_is_for(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(FileNotFoundError):
-        runs.write_decoding(tmp_path / "run", DECODING, "validation", weights="the final weights (step 1,234)")
+        runs.write_decoding(tmp_path / "run", DECODING, "validation", weights="the average of epochs 2-3")
     assert not (tmp_path / "run" / "decoding.json").exists()
 
 
@@ -435,7 +435,7 @@ def test_an_evidence_file_changed_after_it_was_written_is_refused_by_its_checksu
     """A flipped byte that still reads as a valid value (alpha 1.0 become 1.5, a BLEU of 37.5 become 97.5) passes
     every range check; the sha256 each evidence file carries of its own content refuses it, naming the file."""
     run = fake_run(tmp_path / "run")
-    decoding = runs.write_decoding(run, {**DECODING, "alpha": 1.0}, "validation", weights="the final weights")
+    decoding = runs.write_decoding(run, {**DECODING, "alpha": 1.0}, "validation", weights="the average of epochs 2-3")
     scoreboard = write_scoreboard(record(), tmp_path / "scoreboard")
     for path, old, new, read in [
         (decoding, '"alpha": 1.0', '"alpha": 1.5', lambda: runs.read_decoding(run, run_id(run))),
