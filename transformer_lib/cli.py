@@ -413,7 +413,8 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
                          f"{checkpoint.parent} has no {DECODING_FILE} (it would decode with {where}); choose it "
                          f"first: python -m transformer_lib choose --checkpoint {checkpoint.parent}")
     return {**run_facts(checkpoint, run), "decoding": decoding,
-            "validation": record.get("validation") if record else None}
+            "weights": weights_label(checkpoint, decoding["average_last"]),
+            "validation": record.get("validation")}
 
 
 def cmd_choose(args: argparse.Namespace) -> int:
@@ -502,7 +503,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         record = scoreboard_record(preset=run["preset"], device=facts["device"],
                                    training_minutes=facts["training_minutes"], steps=facts["steps"],
                                    validation=facts["validation"], test=scores, decoding=facts["decoding"],
-                                   chosen_on="validation", notes=facts["notes"], precision=facts["precision"])
+                                   weights=facts["weights"], chosen_on="validation", notes=facts["notes"],
+                                   precision=facts["precision"])
         replaced = replaced_record(record, args.scoreboard)
         print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}{replaced}")
     return 0
