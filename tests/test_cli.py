@@ -192,7 +192,7 @@ def test_save_hyp_never_overwrites_an_input(tmp_path, capsys):
     [
         ('{"training": {"lr": 0.1}}', "training.lr is not a setting; did you mean 'lr_factor'?"),
         ('{"training": {"warmup": 0}}', "training.warmup must be a positive integer (steps), got 0"),
-        ('{"model": {"norm_first": "no"}}', "model.norm_first must be true or false, got 'no'"),
+        ('{"model": {"norm_first": "no"}}', "model.norm_first must be True or False, got 'no'"),
         ("null", "must hold a JSON object"),
         ("[1, 2]", "must hold a JSON object"),
         ('{"training": {', "is not valid JSON (line 1, column"),
