@@ -279,6 +279,21 @@ def test_resuming_training_removes_the_decoding_chosen_for_the_older_weights(tmp
     assert "removed" in capsys.readouterr().out and tl.decoding_settings(out) == tr.DEFAULT_DECODING
 
 
+
+def test_resuming_removes_the_epoch_files_a_stopped_run_left_after_its_checkpoint(tmp_path, monkeypatch, capsys):
+    """A run killed after epoch 9 with its last checkpoint at epoch 3 leaves the weights of epochs 4-9: the resumed
+    run removes those after its checkpoint first (and says so), else pruning would keep them and drop its new ones."""
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    quick_run(out, max_steps=None, epochs=1)
+    (out / "epoch-008.pt").write_bytes((out / "epoch-001.pt").read_bytes())  # what the stopped run left
+    (out / "epoch-009.pt").write_bytes((out / "epoch-001.pt").read_bytes())
+    capsys.readouterr()
+    quick_run(out, max_steps=None, epochs=2, resume=True)
+    assert "removed epoch-008.pt, epoch-009.pt from" in capsys.readouterr().out
+    assert runs.kept_epochs(out) == [1, 2]  # the new epoch's weights kept, checked against the checkpoint
+
+
 # ---- the run's id, carried by every file of the run ----
 
 

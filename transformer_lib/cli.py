@@ -412,9 +412,8 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
         raise ValueError(f"--scoreboard records the decoding chosen on this run's validation split, and "
                          f"{checkpoint.parent} has no {DECODING_FILE} (it would decode with {where}); choose it "
                          f"first: python -m transformer_lib choose --checkpoint {checkpoint.parent}")
-    return {**run_facts(checkpoint, run), "decoding": decoding,
-            "weights": weights_label(checkpoint, decoding["average_last"]),
-            "validation": record.get("validation")}
+    return {**run_facts(checkpoint, run), "decoding": decoding, "validation": record.get("validation"),
+            "weights": weights_label(checkpoint, decoding["average_last"])}
 
 
 def cmd_choose(args: argparse.Namespace) -> int:

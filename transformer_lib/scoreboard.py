@@ -32,6 +32,7 @@ from transformer_lib.settings import (
     check_chosen_on,
     check_decoding,
     check_scores,
+    check_weights,
     is_count,
     is_minutes,
     is_score,
@@ -69,24 +70,6 @@ TUTORIAL_ROWS: tuple[dict, ...] = (
 
 MAX_CORES = 65536  # more than any one machine has: a larger count is a damaged record
 MAX_STEPS = 10**10  # a year of a thousand steps a second is 3 * 10**10: more is a damaged record
-AVERAGE_NAME = re.compile(r"the average of epochs (\d+)-(\d+)")  # translation.weights_label's names
-
-
-def check_weights(weights: Any, average_last: int) -> str:
-    """The weights decoded, named as translation.weights_label names them, and agreeing with average_last: "the
-    final weights (step N)" for 1, "the average of epochs a-b" with b - a + 1 = average_last for more."""
-    expected = ("'the final weights (step N)'" if average_last == 1 else
-                f"'the average of epochs a-b' with {average_last} epochs (decoding's average_last)")
-    if not isinstance(weights, str) or len(weights) > 200:
-        raise ValueError(f"weights must name the weights decoded, {expected}, got {weights!r:.80}")
-    average = AVERAGE_NAME.fullmatch(weights)
-    agrees = (weights.startswith("the final weights") if average_last == 1 else
-              average is not None and int(average[2]) - int(average[1]) + 1 == average_last)
-    if not agrees:
-        raise ValueError(f"weights must name the weights decoded, {expected}, got {weights!r}")
-    return weights
-
-
 def _check_preset(preset: Any) -> str:
     # The name becomes part of a file name: no separators, no '..'
     if not isinstance(preset, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", preset):
