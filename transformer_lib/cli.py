@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     length = train.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=positive_int,
                         help="stop after this many optimizer steps in all; with --resume, the run's new length, "
-                             "replacing the saved one (a length already reached is refused)")
+                             "replacing the saved one (one shorter than what it has trained is refused)")
     length.add_argument("--epochs", type=positive_int,
                         help="stop after this many passes over the data in all (default: the preset's); with "
                              "--resume, the run's new length, replacing the saved one, steps or epochs")
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     validation.add_argument("--no-validation", action="store_true", help="skip validation after each epoch")
     train.add_argument("--out", type=_run_folder, required=True, help="run folder for checkpoint, tokenizer and history")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run saved in --out, with its saved settings, data and seed")
+                       help="continue the run in --out with its saved settings, data and seed (if finished: no-op)")
     train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
     train.add_argument("--seed", type=seed_value, help=f"0 to {MAX_SEED}; default: 0")
