@@ -192,7 +192,7 @@ def test_save_hyp_never_overwrites_an_input(tmp_path, capsys):
     [
         ('{"training": {"lr": 0.1}}', "training.lr is not a setting; did you mean 'lr_factor'?"),
         ('{"training": {"warmup": 0}}', "training.warmup must be a positive integer (steps), got 0"),
-        ('{"model": {"norm_first": "no"}}', "model.norm_first must be true or false, got 'no'"),
+        ('{"model": {"norm_first": "no"}}', "model.norm_first must be True or False, got 'no'"),
         ("null", "must hold a JSON object"),
         ("[1, 2]", "must hold a JSON object"),
         ('{"training": {', "is not valid JSON (line 1, column"),
@@ -577,7 +577,8 @@ def test_sentences_are_named_as_the_user_gave_them(tmp_path, capsys, monkeypatch
     assert code == 1 and one_error_line(err).startswith(f"error: --src-file {src}: line 4 is empty or only spaces")
 
 
-def test_resume_takes_a_new_length_and_refuses_one_already_reached_in_one_line(tmp_path, capsys, monkeypatch):
+def test_resume_takes_a_new_length_refuses_a_shorter_one_and_a_finished_run_trains_nothing(tmp_path, capsys,
+                                                                                            monkeypatch):
     from test_translation import QUICK, tiny_corpus
 
     from transformer_lib import data
@@ -591,13 +592,15 @@ def test_resume_takes_a_new_length_and_refuses_one_already_reached_in_one_line(t
     code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress")
     assert code == 0 and "trained 3 steps" in out, err
     before = {path.name: path.read_bytes() for path in run.iterdir()}
-    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress")
+    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "2", "--no-progress")
     assert code == 1 and one_error_line(err).startswith(
-        f"error: max_steps=3 is no longer than what the run in {run} has already trained, 3 steps (0 epochs)")
-    code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--no-progress")
-    assert code == 1 and one_error_line(err).startswith(f"error: the run in {run} is finished")
+        f"error: max_steps=2 is shorter than what the run in {run} has already trained, 3 steps (0 epochs)")
+    for length in ([], ["--max-steps", "3"]):  # finished: no length, or the one it has reached
+        code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", *length, "--no-progress")
+        assert code == 0 and f"the run in {run} is finished: it has trained its full length, 3 steps; nothing to " \
+            "train" in out, err
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "4", "--epochs", "1")
     assert code == 2 and "not allowed with argument" in err
     code, out, _ = run_main(capsys, "train", "--help")
-    assert code == 0 and "a length already reached is refused" in " ".join(out.split())  # the rule, said in --help
+    assert code == 0 and "one shorter than what it has trained is refused" in " ".join(out.split())  # the rule

@@ -135,7 +135,9 @@ def test_dropout_is_off_in_eval_and_on_in_train():
     "changes, message",
     [
         (dict(d_model=30, n_heads=4), "d_model must be divisible by n_heads, got d_model=30 and n_heads=4"),
-        (dict(dropout=1.5), r"dropout must be in \[0, 1\), got 1.5"),
+        (dict(dropout=1.5), r"dropout must be a number in \[0, 1\), got 1.5"),
+        (dict(dropout="0.1"), r"dropout must be a number in \[0, 1\), got '0.1'"),  # not a TypeError
+        (dict(pad_id=None), "pad_id must be a token id of both vocabularies, got None"),
         (dict(positional="rotary"), "positional must be 'sinusoidal' or 'learned', got 'rotary'"),
         (dict(share_embeddings=True), "share_embeddings needs one joint vocabulary"),
         (dict(pad_id=40), "pad_id must be a token id of both vocabularies, got 40"),

@@ -270,13 +270,28 @@ def test_resuming_training_removes_the_decoding_chosen_for_the_older_weights(tmp
     quick_run(out, max_steps=None, epochs=1)
     chosen = {"beam_size": 2, "alpha": 0.8, "average_last": 1}
     runs.write_decoding(out, chosen, chosen_on="validation", weights=tr.weights_label(out, 1))
-    with pytest.raises(ValueError, match="is no longer than what the run"):
-        quick_run(out, max_steps=None, epochs=1, resume=True)  # nothing left to train: the weights stay, and so does it
+    again = quick_run(out, max_steps=None, epochs=1, resume=True)  # nothing to train: the weights stay, and so does it
+    assert "nothing to train" in capsys.readouterr().out and again["epochs"] == 1
     assert tl.decoding_settings(out) == chosen
     capsys.readouterr()
     quick_run(out, max_steps=None, epochs=2, resume=True)  # one more epoch changes the weights it was chosen for
     assert not (out / runs.DECODING_FILE).exists()
     assert "removed" in capsys.readouterr().out and tl.decoding_settings(out) == tr.DEFAULT_DECODING
+
+
+
+def test_resuming_removes_the_epoch_files_a_stopped_run_left_after_its_checkpoint(tmp_path, monkeypatch, capsys):
+    """A run killed after epoch 9 with its last checkpoint at epoch 3 leaves the weights of epochs 4-9: the resumed
+    run removes those after its checkpoint first (and says so), else pruning would keep them and drop its new ones."""
+    monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
+    out = tmp_path / "run"
+    quick_run(out, max_steps=None, epochs=1)
+    (out / "epoch-008.pt").write_bytes((out / "epoch-001.pt").read_bytes())  # what the stopped run left
+    (out / "epoch-009.pt").write_bytes((out / "epoch-001.pt").read_bytes())
+    capsys.readouterr()
+    quick_run(out, max_steps=None, epochs=2, resume=True)
+    assert "removed epoch-008.pt, epoch-009.pt from" in capsys.readouterr().out
+    assert runs.kept_epochs(out) == [1, 2]  # the new epoch's weights kept, checked against the checkpoint
 
 
 # ---- the run's id, carried by every file of the run ----
@@ -323,9 +338,10 @@ def test_every_file_of_a_run_carries_its_id(tmp_path, monkeypatch):
     (dict(train_limit=-5), "train_limit must be a positive integer (or None), got -5"),
     (dict(valid_limit=-1000), "valid_limit must be a positive integer (or None), got -1000"),
     (dict(valid_limit=0), "valid_limit must be a positive integer (or None), got 0"),
-    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
-    (dict(seed=1.5), "seed must be an integer >= 0, got 1.5"),
-    (dict(seed=None), "seed must be an integer >= 0, got None"),
+    (dict(seed=-1), "seed must be an integer from 0 to 4294967295, got -1"),
+    (dict(seed=1.5), "seed must be an integer from 0 to 4294967295, got 1.5"),
+    (dict(seed=None), "seed must be an integer from 0 to 4294967295, got None"),
+    (dict(seed=2**32), "seed must be an integer from 0 to 4294967295, got 4294967296"),
     (dict(validate="no"), "validate must be True or False, got 'no'"),
     (dict(validate=1), "validate must be True or False, got 1"),
     (dict(max_steps=5, epochs=2),
@@ -382,7 +398,8 @@ def test_a_new_length_on_resume_replaces_the_saved_one_in_epochs_or_in_steps(tmp
     assert fourth["epochs"] == 3 and fourth["steps"] == fourth["validation"][-1]["step"] > third["steps"]
 
 
-def test_a_length_already_reached_or_a_finished_run_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+def test_a_shorter_length_is_refused_a_finished_run_trains_nothing_and_nothing_is_written(tmp_path, monkeypatch,
+                                                                                         capsys):
     monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     out = tmp_path / "run"
     summary = quick_run(out, max_steps=None, epochs=2)
@@ -391,18 +408,21 @@ def test_a_length_already_reached_or_a_finished_run_is_refused_and_nothing_is_wr
                         weights=tr.weights_label(out, 1))  # kept: a refused resume changes no weights
     before = folder_bytes(out)
     done = f"has already trained, {steps:,} steps (2 epochs); give a longer length, or leave the run as it is"
-    for length, asked in ((dict(max_steps=steps), f"max_steps={steps}"), (dict(max_steps=1), "max_steps=1"),
-                          (dict(epochs=2), f"epochs=2 ({steps:,} steps)"),
+    for length, asked in ((dict(max_steps=steps - 1), f"max_steps={steps - 1}"), (dict(max_steps=1), "max_steps=1"),
                           (dict(epochs=1), f"epochs=1 ({summary['validation'][0]['step']:,} steps)")):
         with pytest.raises(ValueError) as refused:
             recipe.train_translator(out, resume=True, progress=False, **length)
-        assert str(refused.value) == f"{asked} is no longer than what the run in {out} {done}"
+        assert str(refused.value) == f"{asked} is shorter than what the run in {out} {done}"
         assert folder_bytes(out) == before  # the checkpoint's bytes, the epoch files, decoding.json: all unchanged
-    with pytest.raises(ValueError) as refused:
-        recipe.train_translator(out, resume=True, progress=False)
-    assert str(refused.value) == (
-        f"the run in {out} is finished: it has trained its full length, {steps:,} steps (2 epochs); to train it "
-        f"further, give a longer length (epochs or max_steps), which replaces the saved one")
+    for length in (dict(max_steps=steps), dict(epochs=2)):  # the length it has reached: finished, nothing to train
+        assert recipe.train_translator(out, resume=True, progress=False, **length) == summary
+        assert folder_bytes(out) == before
+    capsys.readouterr()
+    again = recipe.train_translator(out, resume=True, progress=False)  # a notebook cell that resumes, run again
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"the run in {out} is finished: it has trained its full length, {steps:,} steps; nothing to train (give a "
+        f"longer length, epochs or max_steps, to train it further)")
+    assert again == summary  # the same summary as the run's own: steps, epochs, history, validation records
     assert folder_bytes(out) == before
     assert runs.read_run_record(out / "checkpoint.pt")["run"]["epochs"] == 2  # the saved length, not a refused one
 

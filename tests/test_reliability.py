@@ -1,6 +1,7 @@
 """Runs that survive kills, bad files and bad settings: the helpers files, settings, runs, checkpoint_checks and
 guards of transformer_lib, and their use in training."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib import checkpoint_checks, files, guards, runs, settings
+from transformer_lib import checkpoint_checks, files, guards, recipe, runs, settings
 from transformer_lib.training import (
     autocast_dtype,
     load_checkpoint,
@@ -440,21 +441,30 @@ def test_autocast_dtype_follows_compute_capability_not_is_bf16_supported(monkeyp
 
 # ---- settings ----
 
-PRESET = {
-    "model": dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1, max_len=128),
-    "training": dict(vocab_size=1000, max_tokens=1024, warmup=200, lr_factor=0.4, epochs=1, label_smoothing=0.1,
-                     checkpoint_every=500),
-}
-
-
 def settings_with(overrides):
-    return settings.validate_settings(settings.merge_settings(PRESET, overrides), PRESET)
+    """The tiny preset with overrides, checked as the recipe checks a run's settings (the model by TransformerConfig)."""
+    return recipe.resolve_settings("tiny", overrides)
 
 
 def test_good_overrides_are_applied():
     settings = settings_with({"model": {"d_model": 128, "norm_first": True}, "training": {"lr_factor": 1}})
     assert settings["model"]["d_model"] == 128 and settings["model"]["norm_first"] is True
-    assert settings["training"]["lr_factor"] == 1 and PRESET["model"]["d_model"] == 64  # the preset is untouched
+    assert settings["training"]["lr_factor"] == 1 and recipe.PRESETS["tiny"]["model"]["d_model"] == 64  # untouched
+
+
+def test_what_a_model_may_be_is_said_once_by_transformer_config():
+    """The settings refuse a model value with TransformerConfig's own words (chapter 6), and keep no second list of
+    the model's allowed values: only the translation's own need (max_len >= 3) is a rule of theirs."""
+    assert set(settings.RULES["model"]) == {"max_len"}
+    assert set(recipe.MODEL_SETTINGS) == {f.name for f in dataclasses.fields(tl.TransformerConfig)} - {
+        "src_vocab_size", "tgt_vocab_size", "pad_id"}
+    for key, value in [("positional", "rope"), ("dropout", 1.0), ("n_heads", 3), ("tie_embeddings", 1)]:
+        with pytest.raises(ValueError) as config_says:
+            tl.TransformerConfig(src_vocab_size=1000, tgt_vocab_size=1000, **{**recipe.PRESETS["tiny"]["model"],
+                                                                             key: value})
+        with pytest.raises(ValueError) as settings_say:
+            settings_with({"model": {key: value}})
+        assert str(settings_say.value) == f"setting model.{config_says.value}"
 
 
 @pytest.mark.parametrize(
@@ -476,10 +486,10 @@ def test_good_overrides_are_applied():
         ({"training": {"label_smoothing": -0.1}}, "got -0.1"),
         ({"training": {"epochs": 0}}, "training.epochs must be a positive integer, got 0"),
         ({"training": {"checkpoint_every": 0}}, "checkpoint_every must be a positive integer"),
-        ({"model": {"norm_first": "no"}}, "model.norm_first must be true or false, got 'no'"),
+        ({"model": {"norm_first": "no"}}, "model.norm_first must be True or False, got 'no'"),
         ({"model": {"d_model": True}}, "model.d_model must be a positive integer"),
         ({"model": {"dropout": None}}, r"model.dropout must be a number in \[0, 1\), got None"),
-        ({"model": {"n_heads": 5}}, "d_model must be divisible by model.n_heads"),
+        ({"model": {"n_heads": 5}}, "setting model.d_model must be divisible by n_heads"),
         ({"training": {"max_tokens": 64}}, "max_tokens must be at least model.max_len=128"),
     ],
 )

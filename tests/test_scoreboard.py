@@ -33,7 +33,7 @@ DECODING = {"beam_size": 4, "alpha": 1.0, "average_last": 2}
 
 def record(**change):
     arguments = dict(preset="multi30k-cpu", device="cpu", training_minutes=33.3, steps=3187, validation=VALIDATION,
-                     test=TEST, decoding=DECODING, chosen_on="validation")
+                     test=TEST, decoding=DECODING, weights="the average of epochs 2-3", chosen_on="validation")
     return scoreboard_record(**{**arguments, **change})
 
 
@@ -87,6 +87,12 @@ def test_a_float16_run_has_a_record_of_its_own_beside_the_devices_own_precision(
         (dict(decoding={**DECODING, "beam_size": 0}), "decoding: beam_size must be an integer from 1"),
         (dict(decoding={**DECODING, "lenght": 1}), "'lenght' is not a decoding setting"),
         (dict(notes=3), "notes must be a string or None"),
+        (dict(weights="the average of epochs 1-3"), "weights must name the weights decoded, 'the average of epochs "
+                                                    "a-b' with 2 epochs (decoding's average_last), got 'the average of "
+                                                    "epochs 1-3'"),  # which epochs, and as many as decoding says
+        (dict(weights="the final weights (step 3,187)"), "with 2 epochs (decoding's average_last)"),
+        (dict(decoding={**DECODING, "average_last": 1}), "'the final weights (step N)', got 'the average of epochs"),
+        (dict(weights=None), "weights must name the weights decoded"),
         (dict(test_lowercase_tokenized_bleu=101), "test_lowercase_tokenized_bleu must be a number from 0 to 100"),
         (dict(test_tutorial_bleu="36"), "test_tutorial_bleu must be a number from 0 to 100"),
     ],
@@ -157,7 +163,7 @@ def test_the_table_has_one_row_per_record_then_the_tutorials_in_the_column_of_th
         assert row["system"] == f"transformer_lib {r['preset']}"
         assert row["trained"] == f"cpu, {r['device_name']} ({r['cores']} cores): 33.3 min, 3,187 steps"
         assert row["test BLEU"] == r["test"]["bleu"] and row["test chrF"] == r["test"]["chrf"]
-        assert row["decoding"] == "beam 4, alpha 1.0, average of the last 2 epochs"  # alpha as the chapter writes it
+        assert row["decoding"] == "beam 4, alpha 1.0, the average of epochs 2-3"  # alpha as the chapter writes it
     assert table["validation BLEU"].iloc[0] == 38.1 and math.isnan(table["validation BLEU"].iloc[1])
     assert table[TUTORIAL_COLUMN].iloc[0] == 35.1 and math.isnan(table[TUTORIAL_COLUMN].iloc[1])  # without spaCy
     trevett = table.iloc[-1]
@@ -396,6 +402,7 @@ def test_evaluate_scoreboard_writes_the_runs_record(tmp_path):
     assert saved["preset"] == "tiny" and saved["device"] == "cpu" and saved["chosen_on"] == "validation"
     assert saved["training_minutes"] == history["epochs"][-1]["minutes"]
     assert saved["steps"] == history["epochs"][-1]["step"] and saved["validation"] == VALIDATION
+    assert saved["weights"] == f"the final weights (step {saved['steps']:,})"  # named, not only counted
     assert saved["test"]["sentences"] == 1000 and f"BLEU = {saved['test']['bleu']:.2f}" in result.stdout
     assert saved["notes"] == "trained on the first 600 pairs only" and "precision" not in saved
 

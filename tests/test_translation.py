@@ -115,7 +115,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, monkeypat
     monkeypatch.setenv(data.DATA_ENV, str(tiny_corpus(tmp_path / "data")))
     for overrides, message in [({"training": {"lr": 0.1}}, "did you mean 'lr_factor'"),
                                ({"training": {"warmup": 0}}, "training.warmup must be a positive integer"),
-                               ({"model": {"norm_first": "no"}}, "model.norm_first must be true or false")]:
+                               ({"model": {"norm_first": "no"}}, "model.norm_first must be True or False")]:
         with pytest.raises(ValueError, match=message):
             quick_run(tmp_path / "run", overrides=overrides)
         assert not (tmp_path / "run").exists()
@@ -172,7 +172,7 @@ def test_the_model_settings_may_untie_and_unscale_the_embeddings_and_a_loaded_ru
     assert variant.src_embed.scale == 1.0
     ids = torch.tensor([[5, 6, 7]])
     assert torch.equal(variant.src_embed(ids), variant.src_embed.lookup(ids))
-    with pytest.raises(ValueError, match=r"setting model.scale_embeddings must be true or false, got 'no'"):
+    with pytest.raises(ValueError, match=r"setting model.scale_embeddings must be True or False, got 'no'"):
         recipe.resolve_settings("tiny", {"model": {"scale_embeddings": "no"}})
 
 

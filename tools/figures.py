@@ -592,9 +592,9 @@ def _reversal_batches(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return batches
 
 
-@figure("beam_search_tree.svg", deps=(decoding.beam_search, decoding.length_penalty, explorers.trace_beam_search,
-                                       training.train, training.make_optimizer, training.translation_loss,
-                                       decoding.greedy_decode, model.Transformer))
+@figure("beam_search_tree.svg", deps=(decoding.beam_search, decoding.beam_step, decoding.length_penalty,
+                                       explorers.trace_beam_search, training.train, training.make_optimizer,
+                                       training.translation_loss, decoding.greedy_decode, model.Transformer))
 def beam_search_tree() -> plt.Figure:
     """A beam-search tree (k = 3, alpha = 0.6) from a small reversal model trained here for a few seconds."""
     torch.set_num_threads(1)

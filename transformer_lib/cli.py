@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     length = train.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=positive_int,
                         help="stop after this many optimizer steps in all; with --resume, the run's new length, "
-                             "replacing the saved one (a length already reached is refused)")
+                             "replacing the saved one (one shorter than what it has trained is refused)")
     length.add_argument("--epochs", type=positive_int,
                         help="stop after this many passes over the data in all (default: the preset's); with "
                              "--resume, the run's new length, replacing the saved one, steps or epochs")
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     validation.add_argument("--no-validation", action="store_true", help="skip validation after each epoch")
     train.add_argument("--out", type=_run_folder, required=True, help="run folder for checkpoint, tokenizer and history")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run saved in --out, with its saved settings, data and seed")
+                       help="continue the run in --out with its saved settings, data and seed (if finished: no-op)")
     train.add_argument("--overwrite", action="store_true", help="replace the run already saved in --out")
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
     train.add_argument("--seed", type=seed_value, help=f"0 to {MAX_SEED}; default: 0")
@@ -412,8 +412,8 @@ def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
         raise ValueError(f"--scoreboard records the decoding chosen on this run's validation split, and "
                          f"{checkpoint.parent} has no {DECODING_FILE} (it would decode with {where}); choose it "
                          f"first: python -m transformer_lib choose --checkpoint {checkpoint.parent}")
-    return {**run_facts(checkpoint, run), "decoding": decoding,
-            "validation": record.get("validation") if record else None}
+    return {**run_facts(checkpoint, run), "decoding": decoding, "validation": record.get("validation"),
+            "weights": weights_label(checkpoint, decoding["average_last"])}
 
 
 def cmd_choose(args: argparse.Namespace) -> int:
@@ -502,7 +502,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         record = scoreboard_record(preset=run["preset"], device=facts["device"],
                                    training_minutes=facts["training_minutes"], steps=facts["steps"],
                                    validation=facts["validation"], test=scores, decoding=facts["decoding"],
-                                   chosen_on="validation", notes=facts["notes"], precision=facts["precision"])
+                                   weights=facts["weights"], chosen_on="validation", notes=facts["notes"],
+                                   precision=facts["precision"])
         replaced = replaced_record(record, args.scoreboard)
         print(f"scoreboard record written to {write_scoreboard(record, args.scoreboard)}{replaced}")
     return 0

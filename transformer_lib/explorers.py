@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from transformer_lib.decoding import greedy_decode, length_penalty, output_budget
+from transformer_lib.decoding import beam_step, greedy_decode, length_penalty, output_budget
 from transformer_lib.embedding import BOS_ID, EOS_ID, PAD_ID
 from transformer_lib.masks import padding_mask
 from transformer_lib.model import Transformer
@@ -36,7 +36,7 @@ def trace_beam_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> list[dict]:
-    """decoding.beam_search for one sentence (src of shape (1, S)), recording every step; same scoring, no cache.
+    """decoding.beam_search for one sentence (src of shape (1, S)), recording every step: the same beam_step, no cache.
 
     Returns one dict per step: "parents", the hypotheses the step extended (the beam before it); "candidates", the
     best `top` extensions of each parent (top defaults to, and is at least, beam_size, so that every kept one is
@@ -56,40 +56,35 @@ def trace_beam_search(
     model.eval()
     try:
         max_len = max_len or output_budget(model, src.size(1))  # beam_search's default
-        pad_id = model.cfg.pad_id
-        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        src_mask = padding_mask(src, model.cfg.pad_id)  # (1, 1, 1, S)
         memory = model.encode(src, src_mask)  # (1, S, d_model)
-        beams = [{"tokens": [bos_id], "score": 0.0, "length": 0, "finished": False}]
+        beams = [{"tokens": [bos_id], "score": 0.0, "length": 0, "finished": False}]  # <bos> alone: one parent
+        scores = torch.zeros(1, 1, device=src.device)  # (1, n) as in beam_search, without its k - 1 dead copies
+        lengths = torch.zeros(1, dtype=torch.long, device=src.device)  # (n,)
+        finished = torch.zeros(1, dtype=torch.bool, device=src.device)  # (n,)
         steps = []
         for _ in range(max_len):
             n = len(beams)
             tokens = torch.tensor([b["tokens"] for b in beams], device=src.device)  # (n, t)
             logits = model.decode(tokens, memory.expand(n, -1, -1), src_mask.expand(n, -1, -1, -1))[:, -1]  # (n, V)
-            log_probs = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
-            finished = torch.tensor([b["finished"] for b in beams], device=src.device)  # (n,)
-            log_probs[finished] = float("-inf")  # as in beam_search: a finished one extends only with <pad>
-            log_probs[finished, pad_id] = 0.0
-            scores = torch.tensor([b["score"] for b in beams], device=src.device)  # (n,), float32 as in beam_search
-            lengths = torch.tensor([b["length"] for b in beams], device=src.device)  # (n,)
-            candidates = scores[:, None] + log_probs  # (n, V)
-            new_lengths = lengths + (~finished).long()  # (n,)
-            ranked = candidates / length_penalty(new_lengths, alpha)[:, None]  # (n, V)
-            vocab = ranked.size(1)
-            kept_flat = ranked.view(-1).topk(k).indices.tolist()  # the new beam, best first
-            best = ranked.topk(min(top, vocab), dim=1).indices.tolist()  # (n, top): each parent's best
+            step = beam_step(torch.log_softmax(logits.float(), dim=-1), scores, lengths, finished, k, alpha,
+                             model.cfg.pad_id, eos_id)
+            new_lengths = lengths + (~finished).long()  # (n,) each parent's extensions' length
+            best = step.ranked.topk(min(top, step.ranked.size(1)), dim=1).indices.tolist()  # (n, top): each's best
             records, where = [], {}
             for b, row in enumerate(best):
                 for token in row:
-                    if ranked[b, token].item() == float("-inf"):
+                    if step.ranked[b, token].item() == float("-inf"):
                         continue
                     where[b, token] = len(records)
-                    records.append({"tokens": beams[b]["tokens"] + [token], "score": candidates[b, token].item(),
+                    records.append({"tokens": beams[b]["tokens"] + [token], "score": step.candidates[b, token].item(),
                                     "length": int(new_lengths[b]), "finished": bool(finished[b]) or token == eos_id,
-                                    "parent": b, "ranked": ranked[b, token].item()})
-            kept = [where[f // vocab, f % vocab] for f in kept_flat]
-            n_candidates = int(torch.isfinite(ranked).sum())
+                                    "parent": b, "ranked": step.ranked[b, token].item()})
+            kept = [where[b, token] for b, token in zip(step.chosen.tolist(), step.token.tolist())]  # best first
+            n_candidates = int(torch.isfinite(step.ranked).sum())
             steps.append({"candidates": records, "kept": kept, "parents": beams, "n_candidates": n_candidates})
             beams = [records[i] for i in kept]
+            scores, lengths, finished = step.scores, step.lengths, step.finished
             if all(b["finished"] for b in beams):
                 break
         return steps

@@ -32,6 +32,7 @@ from transformer_lib.settings import (
     check_chosen_on,
     check_decoding,
     check_scores,
+    check_weights,
     is_count,
     is_minutes,
     is_score,
@@ -39,7 +40,7 @@ from transformer_lib.settings import (
 
 DEVICES = ("cpu", "cuda")
 RECORD_KEYS = ("preset", "device", "device_name", "cores", "torch", "transformer_lib", "date", "training_minutes",
-               "steps", "decoding", "chosen_on", "validation", "test", "test_lowercase_tokenized_bleu", "code_hash",
+               "steps", "decoding", "weights", "chosen_on", "validation", "test", "test_lowercase_tokenized_bleu", "code_hash",
                "notes")
 OPTIONAL_KEYS = ("precision", "test_tutorial_bleu")  # in a record only where they say something
 PRECISIONS = ("fp16",)  # the optional "precision" of a record: fp16 = float16 autocast with a GradScaler (a T4's path)
@@ -69,8 +70,6 @@ TUTORIAL_ROWS: tuple[dict, ...] = (
 
 MAX_CORES = 65536  # more than any one machine has: a larger count is a damaged record
 MAX_STEPS = 10**10  # a year of a thousand steps a second is 3 * 10**10: more is a damaged record
-
-
 def _check_preset(preset: Any) -> str:
     # The name becomes part of a file name: no separators, no '..'
     if not isinstance(preset, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", preset):
@@ -99,7 +98,7 @@ def _check_tutorial_bleu(value: Any) -> float | None:
     return value
 
 
-def _check_fields(*, preset, device, training_minutes, steps, validation, test, decoding, chosen_on,
+def _check_fields(*, preset, device, training_minutes, steps, validation, test, decoding, weights, chosen_on,
                   test_lowercase_tokenized_bleu, code_hash, notes) -> dict:
     """The caller's part of a record, checked; one line naming the argument, the value and what was expected."""
     if not is_minutes(training_minutes):
@@ -114,10 +113,12 @@ def _check_fields(*, preset, device, training_minutes, steps, validation, test, 
     for name, value in (("code_hash", code_hash), ("notes", notes)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} must be a string or None, got {type(value).__name__} {value!r:.60}")
+    decoding = check_decoding(decoding)
     return {
         "preset": _check_preset(preset), "device": _check_device(device),
         "training_minutes": float(training_minutes), "steps": steps,
-        "decoding": check_decoding(decoding), "chosen_on": check_chosen_on(chosen_on),
+        "decoding": decoding, "weights": check_weights(weights, decoding["average_last"]),
+        "chosen_on": check_chosen_on(chosen_on),
         "validation": None if validation is None else check_scores(validation, "validation"),
         "test": check_scores(test, "test"), "test_lowercase_tokenized_bleu": low, "code_hash": code_hash,
         "notes": notes,
@@ -125,7 +126,8 @@ def _check_fields(*, preset, device, training_minutes, steps, validation, test, 
 
 
 def scoreboard_record(*, preset: str, device: str, training_minutes: float, steps: int, validation: dict | None,
-                      test: dict, decoding: dict, chosen_on: str, test_lowercase_tokenized_bleu: float | None = None,
+                      test: dict, decoding: dict, weights: str, chosen_on: str,
+                      test_lowercase_tokenized_bleu: float | None = None,
                       code_hash: str | None = None, notes: str | None = None, precision: str | None = None,
                       test_tutorial_bleu: float | None = None) -> dict:
     """The scoreboard record of one full run, made on the machine that trained it.
@@ -133,7 +135,8 @@ def scoreboard_record(*, preset: str, device: str, training_minutes: float, step
     validation and test are dicts of transformer_lib.scoring.corpus_scores (bleu, chrf, bleu_signature and
     chrf_signature at least; further keys such as bp, ratio, hyp_len, ref_len are kept); validation may be None when
     the run's validation scores were not kept. decoding is dict(beam_size=int, alpha=float, average_last=int) and
-    chosen_on must be "validation". device_name (the CPU's model, or the GPU's name), cores, the torch and
+    weights names the weights decoded, as translation.weights_label names them ("the average of epochs 9-12"), so
+    that the record says which epochs, not only how many; chosen_on must be "validation". device_name (the CPU's model, or the GPU's name), cores, the torch and
     transformer_lib versions and the date are filled in here. precision="fp16" marks a run trained in float16 with a
     GradScaler (a T4, or a newer GPU with the T4's path forced): such a record has a file of its own, beside the
     record of the same preset in the device's own precision. test_tutorial_bleu is the test BLEU of greedy search with
@@ -141,7 +144,7 @@ def scoreboard_record(*, preset: str, device: str, training_minutes: float, step
     what a reader must know to trust the scores, such as every earlier look at the test set.
     """
     record = _check_fields(preset=preset, device=device, training_minutes=training_minutes, steps=steps,
-                           validation=validation, test=test, decoding=decoding, chosen_on=chosen_on,
+                           validation=validation, test=test, decoding=decoding, weights=weights, chosen_on=chosen_on,
                            test_lowercase_tokenized_bleu=test_lowercase_tokenized_bleu, code_hash=code_hash,
                            notes=notes)
     if device == "cuda":
@@ -176,7 +179,7 @@ def check_record(record: Any, what: str = "record") -> dict:
                          f"scoreboard_record")
     try:
         _check_fields(**{key: record[key] for key in ("preset", "device", "training_minutes", "steps", "validation",
-                                                      "test", "decoding", "chosen_on",
+                                                      "test", "decoding", "weights", "chosen_on",
                                                       "test_lowercase_tokenized_bleu", "code_hash", "notes")})
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
@@ -320,10 +323,11 @@ def read_scoreboard(folder: str | Path) -> list[dict]:
     return sorted(records, key=lambda r: (r["preset"], r["device"], r.get("precision") or ""))
 
 
-def _decoding_text(decoding: dict) -> str:
+def _decoding_text(record: dict) -> str:
+    """How a record's run decoded: "beam 4, alpha 1.0, the average of epochs 9-12"."""
+    decoding = record["decoding"]
     search = "greedy" if decoding["beam_size"] == 1 else f"beam {decoding['beam_size']}, alpha {float(decoding['alpha'])}"
-    weights = "" if decoding["average_last"] == 1 else f", average of the last {decoding['average_last']} epochs"
-    return search + weights
+    return f"{search}, {record['weights']}"
 
 
 def _trained_text(record: dict) -> str:
@@ -351,7 +355,7 @@ def scoreboard_table(records: list[dict], tutorials: tuple[dict, ...] | list[dic
         rows.append({
             "system": f"transformer_lib {record['preset']}",
             "trained": _trained_text(record),
-            "decoding": _decoding_text(record["decoding"]),
+            "decoding": _decoding_text(record),
             "validation BLEU": math.nan if validation is None else validation["bleu"],
             "test BLEU": test["bleu"],
             "test chrF": test["chrf"],

@@ -58,18 +58,8 @@ MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam s
 
 RULES: dict[str, dict[str, tuple]] = {
     # part -> key -> (test, what is allowed)
-    "model": {
-        "d_model": (is_count, "a positive integer"),
-        "n_heads": (is_count, "a positive integer that divides d_model"),
-        "n_layers": (is_count, "a positive integer"),
-        "d_ff": (is_count, "a positive integer"),
-        "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
-        "max_len": (lambda v: is_count(v) and v >= 3, "an integer >= 3 (<bos>, a token, <eos>)"),
-        "norm_first": (lambda v: isinstance(v, bool), "true or false"),
-        "positional": (lambda v: v in ("sinusoidal", "learned"), "'sinusoidal' or 'learned'"),
-        "tie_embeddings": (lambda v: isinstance(v, bool), "true or false"),
-        "share_embeddings": (lambda v: isinstance(v, bool), "true or false"),
-        "scale_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+    "model": {  # the rest of the model's rules are TransformerConfig's own (validate_settings' check_model)
+        "max_len": (lambda v: is_count(v) and v >= 3, "an integer >= 3 (a translation needs <bos>, a token, <eos>)"),
     },
     "training": {
         "vocab_size": (lambda v: is_count(v) and v >= 5, "an integer >= 5 (4 special tokens and a word)"),
@@ -112,8 +102,11 @@ def _suggest(name: str, choices: list[str]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def merge_settings(defaults: dict, overrides: Any, source: str = "overrides") -> dict:
-    """defaults ({"model": {...}, "training": {...}}) with overrides applied; unknown parts and keys are refused."""
+def merge_settings(defaults: dict, overrides: Any, source: str = "overrides",
+                   keys: dict[str, tuple[str, ...]] | None = None) -> dict:
+    """defaults ({"model": {...}, "training": {...}}) with overrides applied; unknown parts and keys are refused.
+
+    A part may set the keys of its defaults, of RULES, and keys[part] (the model's: TransformerConfig's fields)."""
     settings = {part: dict(values) for part, values in defaults.items()}
     if overrides is None:
         return settings
@@ -129,7 +122,7 @@ def merge_settings(defaults: dict, overrides: Any, source: str = "overrides") ->
         if not isinstance(values, dict):
             raise ValueError(f"{source}: {part!r} must be an object of settings, got {type(values).__name__} "
                              f"{values!r:.60}")
-        known = sorted(set(settings[part]) | set(RULES.get(part, {})))
+        known = sorted(set(settings[part]) | set(RULES.get(part, {})) | set((keys or {}).get(part, ())))
         for key, value in values.items():
             if key not in known:
                 raise ValueError(f"{source}: {part}.{key} is not a setting; {_suggest(key, known)}"
@@ -138,17 +131,24 @@ def merge_settings(defaults: dict, overrides: Any, source: str = "overrides") ->
     return settings
 
 
-def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
-    """Check every value of settings; the error names the key, the value and what is allowed. Returns settings."""
+def validate_settings(settings: dict, defaults: dict | None = None, *, check_model: Any = None) -> dict:
+    """Check every value of settings; the error names the key, the value and what is allowed. Returns settings.
+
+    check_model(settings), when given, applies the model's own rules (the recipe passes TransformerConfig's, which
+    own what a model may be) to the model part, which then has no rule here but RULES' and SIZE_BOUNDS'.
+    """
     for part, values in settings.items():
         for key, value in values.items():
             test, allowed = RULES.get(part, {}).get(key, (None, None))
-            if test is None and defaults is not None and key in defaults.get(part, {}):
+            owned = part == "model" and check_model is not None  # its owner checks it, below
+            if test is None and not owned and defaults is not None and key in defaults.get(part, {}):
                 default = defaults[part][key]  # a setting without a rule: keep the type of its default
                 test = lambda v, d=default: type(v) is type(d) or (is_number(v) and is_number(d) and type(d) is float)
                 allowed = f"a {type(default).__name__} like its default {default!r}"
             if test is not None and not test(value):
                 raise ValueError(f"setting {part}.{key} must be {allowed}, got {value!r}")
+    if check_model is not None:
+        check_model(settings)  # before the bounds below compare numbers
     for part, values in settings.items():
         for key, value in values.items():
             bound = SIZE_BOUNDS.get(part, {}).get(key)
@@ -163,9 +163,6 @@ def validate_settings(settings: dict, defaults: dict | None = None) -> dict:
                              f"d_ff={model['d_ff']} would have about {parameters:.1e} parameters, and training "
                              f"keeps 16 bytes of each (weights, gradient, Adam's two moments): at most "
                              f"{MAX_PARAMETERS:.0e} parameters (160 GB, more than one GPU holds) are allowed")
-    if "d_model" in model and "n_heads" in model and model["d_model"] % model["n_heads"]:
-        raise ValueError(f"setting model.d_model must be divisible by model.n_heads, got d_model={model['d_model']} "
-                         f"and n_heads={model['n_heads']}")
     if "max_tokens" in training and "max_len" in model and training["max_tokens"] < model["max_len"]:
         raise ValueError(f"setting training.max_tokens must be at least model.max_len={model['max_len']} (a batch "
                          f"must hold the longest sentence), got {training['max_tokens']}")
