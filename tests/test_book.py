@@ -32,7 +32,7 @@ def text_of(notebook: dict, kind: str | None = None) -> str:
 
 
 def toc_files() -> list[str]:
-    toc = yaml.safe_load((BOOK / "_toc.yml").read_text())
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
     files = [toc["root"]]
     for part in toc.get("parts", []):
         files += [chapter["file"] for chapter in part["chapters"]]
@@ -73,7 +73,7 @@ def test_a_gpu_notebook_says_how_to_switch_colab_to_a_gpu(name):
 
 
 def test_gpu_chapters_are_not_executed_at_build_time():
-    config = yaml.safe_load((BOOK / "_config.yml").read_text())
+    config = yaml.safe_load((BOOK / "_config.yml").read_text(encoding="utf-8"))
     assert set(config["execute"].get("exclude_patterns", [])) == GPU_CHAPTERS
 
 
@@ -146,3 +146,21 @@ def test_the_landing_page_quotes_chapter_8s_stored_scores():
                       if c["cell_type"] == "code" for o in c.get("outputs", []))
     line = re.search(r"^beam 4 : BLEU = (\d+\.\d\d) .*\n\s+chrF\s+(\d+\.\d\d)", outputs, re.M)  # sacreBLEU's line
     assert line and dict(quoted) == {"BLEU": line[1], "chrF": line[2]}, (quoted, line and line.group(0))
+
+
+def test_the_training_minutes_quoted_are_the_recorded_runs():
+    """README, landing page, instructor guide and chapter 8's prose quote the recorded run's training minutes, as its
+    scoreboard record has them: a new recorded run that trains faster or slower fails here until they are updated."""
+    record = json.loads((ROOT / "benchmarks/results/scoreboard/multi30k-cpu-cpu.json").read_text(encoding="utf-8"))
+    chapter_8 = "".join("".join(c["source"]) for c in load(BOOK / "08_translation.ipynb")["cells"]
+                        if c["cell_type"] == "markdown")
+    text = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "book/intro.md",
+                                                                         "book/instructor_guide.md")}
+    quoted = {
+        "README.md": re.findall(r"the recorded run: (\d+\.\d) minutes of training", text["README.md"]),
+        "book/intro.md": re.findall(r"trained for (\d+\.\d) minutes", text["book/intro.md"]),
+        "book/instructor_guide.md": re.findall(r"its training took (\d+\.\d)\s+minutes",
+                                               text["book/instructor_guide.md"]),
+        "book/08_translation.ipynb": re.findall(r"(\d+\.\d) minutes of training steps", chapter_8),
+    }
+    assert quoted == {name: [f"{record['training_minutes']:.1f}"] for name in quoted}
