@@ -481,8 +481,24 @@ def runs_table(records: list[dict], references: list[str]):
     return pd.DataFrame(rows)
 
 
+SHARED_LOAD = 0.5  # a mean load average more than this above the threads a run trains with: other work shared the CPU
+
+
+def had_the_machine(record: dict) -> bool:
+    """Whether a run's training minutes are the recipe's own. On a GPU, yes: the CPU's load does not time it. On the
+    CPU, when the machine's mean 1-minute load average while it trained stayed within SHARED_LOAD of the threads its
+    training keeps busy (torch_threads for each of its jobs): a run alone on 2 threads reads 2.0 to 2.1, and half a
+    core more, on average over the run, is other work. A record without loads (the first ones) cannot tell: no."""
+    if record["device"] != "cpu":
+        return True
+    loads = record.get("load_average")
+    return bool(loads) and sum(loads) / len(loads) <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
+
+
 def summary_table(records: list[dict]):
-    """A pandas DataFrame, one row per variant in VARIANTS' order: runs, mean and spread (max - min) over seeds."""
+    """A pandas DataFrame, one row per variant in VARIANTS' order: runs, mean and spread (max - min) over seeds. Its
+    "minutes" are the mean over the runs that had the machine to themselves (had_the_machine); "runs alone" counts
+    them."""
     import pandas as pd
 
     rows = []
@@ -493,9 +509,11 @@ def summary_table(records: list[dict]):
         trained = [r for r in runs if not r["diverged"]]
         row = {"variant": variant, "what changes": description, "seeds": len(runs),
                "diverged": len(runs) - len(trained)}
+        alone = [r for r in trained if had_the_machine(r)]
+        row["runs alone"] = len(alone)
         for key, label in (("test", "test BLEU"), ("valid_bleu_greedy", "validation BLEU (greedy)"),
                            ("final_valid_loss", "validation loss"), ("minutes", "minutes")):
-            values = [r[key]["bleu"] if key == "test" else r[key] for r in trained]
+            values = [r[key]["bleu"] if key == "test" else r[key] for r in (alone if key == "minutes" else trained)]
             values = [v for v in values if v is not None]
             row[label] = sum(values) / len(values) if values else math.nan
             row[f"{label} spread"] = max(values) - min(values) if len(values) > 1 else math.nan

@@ -115,15 +115,27 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
 
 
 def test_the_table_keeps_a_diverged_run_apart_and_shows_the_spread_over_seeds():
-    def record(seed: int, bleu: float | None) -> dict:
+    def record(seed: int, bleu: float | None, minutes: float = 1.5, load: float = 2.0) -> dict:
         trained = bleu is not None
         return {"variant": "no-warmup", "seed": seed, "diverged": not trained, "steps": 100 if trained else None,
                 "test": {"bleu": bleu} if trained else None, "valid_bleu_greedy": bleu, "final_valid_loss": 2.0,
-                "minutes": 1.5 if trained else None}
+                "minutes": minutes if trained else None, "device": "cpu", "torch_threads": 2, "jobs": 1,
+                "load_average": [load, load]}
 
-    table = ablations.summary_table([record(0, 30.0), record(1, 33.0), record(2, None)])
+    table = ablations.summary_table([record(0, 30.0), record(1, 33.0, minutes=3.0, load=3.1), record(2, None)])
     row = table.set_index("variant").loc["no-warmup"]
     assert (row["seeds"], row["diverged"], row["test BLEU"], row["test BLEU spread"]) == (3, 1, 31.5, 3.0)
+    assert (row["minutes"], row["runs alone"]) == (1.5, 1)  # the run beside other work is left out of the price
+
+
+def test_a_run_s_minutes_are_the_recipe_s_only_when_it_had_the_machine_to_itself():
+    run = {"device": "cpu", "torch_threads": 2, "jobs": 1, "load_average": [2.0, 2.1, 1.9]}
+    assert ablations.had_the_machine(run)
+    assert not ablations.had_the_machine({**run, "load_average": [2.0, 3.5, 2.4]})  # a mean of 2.63: shared
+    assert ablations.had_the_machine({**run, "torch_threads": 1, "jobs": 2})  # two runs of one thread: their own
+    assert not ablations.had_the_machine({**run, "torch_threads": 1})  # one thread, and a second core's worth beside
+    assert not ablations.had_the_machine({**run, "load_average": None})  # the first records: cannot tell
+    assert ablations.had_the_machine({**run, "device": "cuda", "load_average": [9.0]})  # the CPU's load does not time a GPU
 
 
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
@@ -278,6 +290,9 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
     both_ways = seeds + [run("pre-norm", 1, 39.5)]  # one seed below, one above: no direction to report
     assert "Beyond the noise" not in said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
     assert ablations_page.verdict("dropout-0.3", seeds, {}) == "*dropout-0.3*: not run yet."
+    assert ablations_page.wants_a_second_seed(close) == ["pre-norm"]  # 1.5 BLEU: within twice the spread
+    assert ablations_page.wants_a_second_seed(seeds) == []  # 2.5 BLEU: beyond it
+    assert ablations_page.wants_a_second_seed(one_seed) == []  # no spread measured: nothing to compare with
     curve = [{"train_loss": 6.27}]
     stuck = [{**seeds[0], "curve": [{"train_loss": 2.41}]}, {**run("pre-norm", 0, 0.01), "curve": curve}]
     assert "never learned to translate, its training loss ending at 6.27 against the baseline's 2.41" in said(
