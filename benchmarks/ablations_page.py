@@ -68,25 +68,27 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def runs_block(records: list[dict], stats: dict) -> str:
-    """One row per run, in the variants' order, then seeds."""
+    """One row per run, in the variants' order, then seeds; narrow enough for the book's page at 1280 px."""
     baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
     rows = []
     for variant in ablations.VARIANTS:
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
             if run["diverged"]:
-                rows.append([variant, str(run["seed"]), "diverged: " + run["error"]] + ["–"] * 6)
+                rows.append([variant, str(run["seed"]), "diverged: " + run["error"]] + ["–"] * 5)
                 continue
             stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
             gap = "–" if base is None or base is run else f"{run['test']['bleu'] - base['test']['bleu']:+.2f}"
             p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
-            decoding = f"alpha {run['chosen']['alpha']}, {weights_name(run)}"
-            rows.append([variant, str(run["seed"]), decoding, _number(run["chosen"]["valid_bleu"]),
-                         f"{run['test']['bleu']:.2f}", f"{stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f}",
-                         gap, p, _number(run["minutes"], 1),
-                         f"{sum(run['load_average']) / len(run['load_average']):.1f}" if run.get("load_average")
-                         else "–"])
-    header = ["variant", "seed", "decoding chosen on validation (beam 4)", "validation BLEU",
-              "test BLEU", "95% interval", "vs baseline", "paired p", "minutes", "load"]
+            last, epochs = run["chosen"]["average_last"], run["epochs"]
+            weights = "final weights" if last == 1 else f"epochs {epochs - last + 1}–{epochs} averaged"
+            load = (f" ({sum(run['load_average']) / len(run['load_average']):.1f})" if run.get("load_average")
+                    else "")
+            rows.append([variant, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
+                         _number(run["chosen"]["valid_bleu"]),
+                         f"{run['test']['bleu']:.2f} ({stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f})",
+                         gap, p, _number(run["minutes"], 1) + load])
+    header = ["variant", "seed", "decoding", "validation BLEU", "test BLEU (95% interval)", "vs baseline", "paired p",
+              "minutes (load)"]
     return markdown_table(header, rows)
 
 
@@ -205,12 +207,17 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
                    f"spread ({spread:.2f} BLEU over {seeds} seeds): another seed would say more.")
 
 
+def compact_table(title: str, label: str, table: str) -> str:
+    """A Markdown table in MyST's table directive, titled and labelled, with the book's narrow "compact" style."""
+    return f"```{{table}} {title}\n:class: compact\n:name: {label}\n\n{table}\n```\n"
+
+
 def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
     kind, *rest = name.split()
     if kind == "runs":
-        return runs_block(records, stats) + "\n"
+        return compact_table("Every run", "table-ablation-runs", runs_block(records, stats))
     if kind == "summary":
-        return summary_block(records) + "\n"
+        return compact_table("Over seeds", "table-ablation-summary", summary_block(records))
     if kind == "status":
         return status_block(records, digest)
     if kind == "reproduction":
