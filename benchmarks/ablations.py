@@ -475,13 +475,19 @@ def runs_table(records: list[dict], references: list[str]):
                     "vs baseline": run["test"]["bleu"] - base["test"]["bleu"] if base else math.nan,
                     "paired p": math.nan if stat["p_value"] is None else stat["p_value"],
                     "validation BLEU": run["chosen"]["valid_bleu"], "minutes": run["minutes"], "steps": run["steps"],
-                    "load": sum(run["load_average"]) / len(run["load_average"]) if run.get("load_average") else math.nan,
+                    "load": math.nan if mean_load(run) is None else mean_load(run),
                 })
             rows.append(row)
     return pd.DataFrame(rows)
 
 
 SHARED_LOAD = 0.5  # a mean load average more than this above the threads a run trains with: other work shared the CPU
+
+
+def mean_load(record: dict) -> float | None:
+    """The machine's mean 1-minute load average over a run's epochs; None for the first records, which have none."""
+    loads = record.get("load_average")
+    return sum(loads) / len(loads) if loads else None
 
 
 def had_the_machine(record: dict) -> bool:
@@ -491,8 +497,8 @@ def had_the_machine(record: dict) -> bool:
     core more, on average over the run, is other work. A record without loads (the first ones) cannot tell: no."""
     if record["device"] != "cpu":
         return True
-    loads = record.get("load_average")
-    return bool(loads) and sum(loads) / len(loads) <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
+    load = mean_load(record)
+    return load is not None and load <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
 
 
 def summary_table(records: list[dict]):

@@ -81,8 +81,7 @@ def runs_block(records: list[dict], stats: dict) -> str:
             p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
             last, epochs = run["chosen"]["average_last"], run["epochs"]
             weights = "final weights" if last == 1 else f"epochs {epochs - last + 1}–{epochs} averaged"
-            load = (f" ({sum(run['load_average']) / len(run['load_average']):.1f})" if run.get("load_average")
-                    else "")
+            load = "" if ablations.mean_load(run) is None else f" ({ablations.mean_load(run):.1f})"
             rows.append([variant, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
                          _number(run["chosen"]["valid_bleu"]),
                          f"{run['test']['bleu']:.2f} ({stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f})",
