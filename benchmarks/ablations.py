@@ -434,6 +434,12 @@ def differs_from_sweep(record: dict, sweep: dict, whose: str = "this sweep") -> 
     return None
 
 
+def baselines(records: list[dict]) -> dict[int, dict]:
+    """The baseline's runs that trained to the end, by seed: what every other run of the same seed is measured
+    against (same initial weights and batches)."""
+    return {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+
+
 def significance(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[tuple[str, int], dict]:
     """sacreBLEU's own statistics of each trained run's test2016 BLEU (the decoding it chose on validation), keyed by
     (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval
@@ -442,12 +448,12 @@ def significance(records: list[dict], references: list[str], n_samples: int = 10
     the same batches; None for the baseline itself and for a seed without a baseline. sacreBLEU fixes its random
     seed (SACREBLEU_SEED, 12345 by default), so the numbers repeat and every run is resampled alike."""
     trained = [r for r in records if not r["diverged"]]
-    baselines = {r["seed"]: r for r in trained if r["variant"] == "baseline"}
+    by_seed = baselines(records)
     stats = {}
     for run in trained:
         hypotheses = run["test_hypotheses"]["chosen"]
         interval = bootstrap_interval(hypotheses, references, n_bootstrap=n_samples)
-        baseline = baselines.get(run["seed"])
+        baseline = by_seed.get(run["seed"])
         paired = None if baseline is None or baseline is run else paired_bootstrap(
             baseline["test_hypotheses"]["chosen"], hypotheses, references, n_bootstrap=n_samples)
         stats[run["variant"], run["seed"]] = {"mean": interval["mean"], "ci": interval["ci"],
@@ -463,7 +469,7 @@ def runs_table(records: list[dict], references: list[str]):
     import pandas as pd
 
     stats = significance(records, references)
-    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    baseline = baselines(records)
     rows = []
     for variant in VARIANTS:
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
@@ -526,7 +532,7 @@ def summary_table(records: list[dict]):
         steps = {r["steps"] for r in trained}
         row["steps"] = steps.pop() if len(steps) == 1 else math.nan  # equal across seeds only by chance
         rows.append(row)
-    baseline = [r for r in records if r["variant"] == "baseline" and not r["diverged"]]
+    baseline = list(baselines(records).values())
     for label, pick in (("greedy search, final weights", lambda r: r["test_greedy_final"]),
                         ("beam search, final weights", lambda r: r["test_beam_final"]),
                         ("beam search, chosen weights", lambda r: r["test"]["bleu"])):

@@ -69,7 +69,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def runs_block(records: list[dict], stats: dict) -> str:
     """One row per run, in the variants' order, then seeds; narrow enough for the book's page at 1280 px."""
-    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    baseline = ablations.baselines(records)
     rows = []
     for variant in ablations.VARIANTS:
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
@@ -126,7 +126,7 @@ def reproduction_block(records: list[dict]) -> str:
     """Whether the baseline of seed 0 reproduces chapter 8's recorded run (the scoreboard record of multi30k-cpu)."""
     from transformer_lib.files import read_checked_json
 
-    run = next((r for r in records if (r["variant"], r["seed"]) == ("baseline", 0) and not r["diverged"]), None)
+    run = ablations.baselines(records).get(0)
     if run is None:
         return "The baseline of seed 0, chapter 8's recorded run trained again, has not run yet.\n"
     board = read_checked_json(SCOREBOARD, "scoreboard file", "write_scoreboard")
@@ -148,7 +148,7 @@ def reproduction_block(records: list[dict]) -> str:
 
 def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
     """The baseline's test BLEU spread over its seeds (max - min), and how many seeds it has."""
-    values = [r["test"]["bleu"] for r in records if r["variant"] == "baseline" and not r["diverged"]]
+    values = [r["test"]["bleu"] for r in ablations.baselines(records).values()]
     return (max(values) - min(values) if len(values) > 1 else None), len(values)
 
 
@@ -157,7 +157,7 @@ def wants_a_second_seed(records: list[dict]) -> list[str]:
     cannot tell them from the baseline's own wandering, so the plan gives them a seed 1. Empty while the spread is
     not measured (fewer than two baseline seeds)."""
     spread, _ = baseline_spread(records)
-    base = next((r for r in records if (r["variant"], r["seed"]) == ("baseline", 0) and not r["diverged"]), None)
+    base = ablations.baselines(records).get(0)
     if spread is None or base is None:
         return []
     return [r["variant"] for r in records if r["seed"] == 0 and r["variant"] != "baseline" and not r["diverged"]
@@ -171,7 +171,7 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
     if not runs:
         return f"*{variant}*: not run yet."
     spread, seeds = baseline_spread(records)
-    baseline = {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+    baseline = ablations.baselines(records)
     parts = []
     for run in runs:
         if run["diverged"]:
