@@ -146,6 +146,34 @@ def reproduction_block(records: list[dict]) -> str:
             f"{board['decoding']['average_last']} in the scoreboard record.\n")
 
 
+def _power_of_ten(value: float) -> str:
+    """1.5625e-3 as $1.6 \\times 10^{-3}$."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return rf"${mantissa} \times 10^{{{int(exponent)}}}$"
+
+
+def schedule_block(records: list[dict]) -> str:
+    """What removing warm-up does to the learning rate, from the settings the baseline and no-warmup runs trained with
+    (eq. 3, transformer_lib.training.noam_lr, times the recipe's lr_factor)."""
+    from transformer_lib.training import noam_lr
+
+    base = ablations.baselines(records).get(0)
+    cold = next((r for r in records if r["variant"] == "no-warmup"), None)
+    if base is None or cold is None:
+        return "The learning rates of both schedules come with the first baseline and no-warmup runs.\n"
+
+    def rate(run: dict, step: int) -> float:
+        model, training = run["settings"]["model"], run["settings"]["training"]
+        return training["lr_factor"] * noam_lr(step, model["d_model"], training["warmup"])
+
+    warmup = base["settings"]["training"]["warmup"]
+    peak, start = rate(base, warmup), rate(cold, 1)
+    return (f"Here the warm-up climbs for {warmup} steps to a peak of {_power_of_ten(peak)}. Without it (warmup = "
+            f"{cold['settings']['training']['warmup']} in the formula) the decay starts at the first step, from "
+            f"{_power_of_ten(start)}: {start / peak:.0f} times the warm-up's peak, still {rate(cold, warmup // 4) / peak:.1f} "
+            f"times it at step {warmup // 4}, and the same rate as the baseline's from step {warmup} on.\n")
+
+
 def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
     """The baseline's test BLEU spread over its seeds (max - min), and how many seeds it has."""
     values = [r["test"]["bleu"] for r in ablations.baselines(records).values()]
@@ -221,9 +249,11 @@ def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
         return status_block(records, digest)
     if kind == "reproduction":
         return reproduction_block(records)
+    if kind == "schedule":
+        return schedule_block(records)
     if kind == "verdict":
         return "\n\n".join(verdict(variant, records, stats) for variant in rest) + "\n"
-    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status or verdict VARIANT ...")
+    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status, reproduction, schedule or verdict VARIANT ...")
 
 
 def draw_curves(records: list[dict]) -> None:

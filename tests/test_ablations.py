@@ -255,7 +255,7 @@ def test_the_appendix_was_made_from_the_records_in_the_repository():
     names = [m["name"] for m in ablations_page.BLOCK.finditer(text)]
     verdicts = {v for name in names if name.startswith("verdict") for v in name.split()[1:]}
     assert verdicts == set(ablations.VARIANTS) - {"baseline"}, "every variant has its sentences on the page"
-    assert {"status", "runs", "summary"} <= set(names)
+    assert {"status", "runs", "summary", "reproduction", "schedule"} <= set(names)
 
 
 def test_the_appendix_blocks_are_what_the_records_give():
@@ -297,5 +297,14 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
     stuck = [{**seeds[0], "curve": [{"train_loss": 2.41}]}, {**run("pre-norm", 0, 0.01), "curve": curve}]
     assert "never learned to translate, its training loss ending at 6.27 against the baseline's 2.41" in said(
         stuck, {("pre-norm", 0): 0.001})
+    def with_warmup(variant: str, warmup: int) -> dict:  # d_model 16, lr_factor 1: a peak of 16**-0.5 * 16**-0.5
+        settings = {"model": {"d_model": 16}, "training": {"warmup": warmup, "lr_factor": 1.0}}
+        return {**run(variant, 0, 30.0), "settings": settings}
+
+    assert ablations_page.schedule_block([with_warmup("baseline", 16), with_warmup("no-warmup", 1)]) == (
+        r"Here the warm-up climbs for 16 steps to a peak of $6.2 \times 10^{-2}$. Without it (warmup = 1 in the "
+        r"formula) the decay starts at the first step, from $2.5 \times 10^{-1}$: 4 times the warm-up's peak, still "
+        "2.0 times it at step 4, and the same rate as the baseline's from step 16 on.\n")
+    assert "come with the first baseline" in ablations_page.schedule_block(seeds)
     diverged = seeds[:1] + seeds[2:] + [{"variant": "pre-norm", "seed": 0, "diverged": True, "error": "loss nan at step 12"}]
     assert "seed 0 diverged (loss nan at step 12)" in ablations_page.verdict("pre-norm", diverged, {})
