@@ -167,11 +167,12 @@ def schedule_block(records: list[dict]) -> str:
         return training["lr_factor"] * noam_lr(step, model["d_model"], training["warmup"])
 
     warmup = base["settings"]["training"]["warmup"]
-    peak, start = rate(base, warmup), rate(cold, 1)
+    peak, start, quarter = rate(base, warmup), rate(cold, 1), warmup // 4
     return (f"Here the warm-up climbs for {warmup} steps to a peak of {_power_of_ten(peak)}. Without it (warmup = "
             f"{cold['settings']['training']['warmup']} in the formula) the decay starts at the first step, from "
-            f"{_power_of_ten(start)}: {start / peak:.0f} times the warm-up's peak, still {rate(cold, warmup // 4) / peak:.1f} "
-            f"times it at step {warmup // 4}, and the same rate as the baseline's from step {warmup} on.\n")
+            f"{_power_of_ten(start)}: {start / peak:.0f} times the warm-up's peak, still "
+            f"{rate(cold, quarter) / peak:.1f} times it at step {quarter}, and the same rate as the baseline's from "
+            f"step {warmup} on.\n")
 
 
 def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
@@ -253,7 +254,8 @@ def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
         return schedule_block(records)
     if kind == "verdict":
         return "\n\n".join(verdict(variant, records, stats) for variant in rest) + "\n"
-    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status, reproduction, schedule or verdict VARIANT ...")
+    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status, reproduction, schedule or "
+                     "verdict VARIANT ...")
 
 
 def draw_curves(records: list[dict]) -> None:
