@@ -475,13 +475,13 @@ def runs_table(records: list[dict], references: list[str]):
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
             row = {"variant": variant, "seed": run["seed"], "diverged": run["error"] if run["diverged"] else ""}
             if not run["diverged"]:
-                stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
+                stat, base, load = stats[variant, run["seed"]], baseline.get(run["seed"]), mean_load(run)
                 row.update({
                     "test BLEU": run["test"]["bleu"], "bootstrap mean": stat["mean"], "95% CI ±": stat["ci"],
                     "vs baseline": run["test"]["bleu"] - base["test"]["bleu"] if base else math.nan,
                     "paired p": math.nan if stat["p_value"] is None else stat["p_value"],
                     "validation BLEU": run["chosen"]["valid_bleu"], "minutes": run["minutes"], "steps": run["steps"],
-                    "load": math.nan if mean_load(run) is None else mean_load(run),
+                    "load": math.nan if load is None else load,
                 })
             rows.append(row)
     return pd.DataFrame(rows)

@@ -81,7 +81,8 @@ def runs_block(records: list[dict], stats: dict) -> str:
             p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
             last, epochs = run["chosen"]["average_last"], run["epochs"]
             weights = "final weights" if last == 1 else f"epochs {epochs - last + 1}–{epochs} averaged"
-            load = "" if ablations.mean_load(run) is None else f" ({ablations.mean_load(run):.1f})"
+            load = ablations.mean_load(run)
+            load = "" if load is None else f" ({load:.1f})"
             rows.append([variant, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
                          _number(run["chosen"]["valid_bleu"]),
                          f"{run['test']['bleu']:.2f} ({stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f})",
