@@ -194,6 +194,13 @@ def wants_a_second_seed(records: list[dict]) -> list[str]:
             and abs(r["test"]["bleu"] - base["test"]["bleu"]) <= 2 * spread]
 
 
+def _seeds(seeds: list[int]) -> str:
+    """[0] as "seed 0", [0, 2] as "seeds 0 and 2", [0, 1, 2] as "seeds 0, 1 and 2"."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return "seeds " + ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
+
+
 def verdict(variant: str, records: list[dict], stats: dict) -> str:
     """What the records say of one variant, in a sentence or two, by the page's rule: a gap is beyond the noise when
     the paired test puts it below ALPHA and it is larger than twice the baseline's seed spread."""
@@ -220,16 +227,25 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
                           f"{run['curve'][-1]['train_loss']:.2f} against the baseline's "
                           f"{base['curve'][-1]['train_loss']:.2f}")
     text = f"*{variant}*: " + "; ".join(parts) + "."
-    gaps = [(r["test"]["bleu"] - baseline[r["seed"]]["test"]["bleu"], stats[variant, r["seed"]]["p_value"])
-            for r in runs if not r["diverged"] and r["seed"] in baseline]
-    if not gaps:
+    paired = {r["seed"]: r for r in runs if not r["diverged"] and r["seed"] in baseline}
+    if not paired:
         return text
-    if any(p >= ALPHA for _, p in gaps):
+    gaps = {seed: run["test"]["bleu"] - baseline[seed]["test"]["bleu"] for seed, run in paired.items()}
+    told = {seed: stats[variant, seed]["p_value"] < ALPHA for seed in paired}
+    same_way = len({gap > 0 for gap in gaps.values()}) == 1
+    if not any(told.values()):
         return text + " Within the noise: the paired test cannot tell it from the baseline."
+    if not all(told.values()):
+        return text + (f" Within the noise: the paired test tells it from the baseline for "
+                       f"{_seeds([s for s in told if told[s]])} but not for {_seeds([s for s in told if not told[s]])}"
+                       f"{'; the gaps point the same way' if same_way else ', and the gaps point opposite ways'}.")
+    if not same_way:
+        return text + (f" Within the noise: every seed's gap is beyond the test set's noise (paired p < {ALPHA}), "
+                       f"but they point opposite ways.")
     if spread is None:
         return text + (f" Beyond the test set's noise (paired p < {ALPHA}); the seeds' spread is not measured yet "
                        f"(the baseline has {seeds} seed{'s' if seeds != 1 else ''} so far).")
-    if all(abs(gap) > 2 * spread for gap, _ in gaps) and len({gap > 0 for gap, _ in gaps}) == 1:
+    if all(abs(gap) > 2 * spread for gap in gaps.values()):
         return text + (f" Beyond the noise: paired p < {ALPHA}, and more than twice the baseline's seed spread "
                        f"({spread:.2f} BLEU over {seeds} seeds).")
     return text + (f" Beyond the test set's noise (paired p < {ALPHA}) but not beyond twice the baseline's seed "

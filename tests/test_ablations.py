@@ -289,6 +289,17 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
         close, {("pre-norm", 0): 0.01})
     both_ways = seeds + [run("pre-norm", 1, 39.5)]  # one seed below, one above: no direction to report
     assert "Beyond the noise" not in said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
+    assert "every seed's gap is beyond the test set's noise (paired p < 0.05), but they point opposite ways" in said(
+        both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
+    assert said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.2}).endswith(
+        " Within the noise: the paired test tells it from the baseline for seed 0 but not for seed 1, and the gaps "
+        "point opposite ways.")
+    same_way = seeds + [run("pre-norm", 1, 36.5)]  # -2.5 and -0.5
+    assert said(same_way, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.06}).endswith(
+        "for seed 0 but not for seed 1; the gaps point the same way.")
+    assert said(same_way, {("pre-norm", 0): 0.3, ("pre-norm", 1): 0.06}).endswith(
+        " Within the noise: the paired test cannot tell it from the baseline.")
+    assert ablations_page._seeds([0, 1, 2]) == "seeds 0, 1 and 2"
     assert ablations_page.verdict("dropout-0.3", seeds, {}) == "*dropout-0.3*: not run yet."
     assert ablations_page.wants_a_second_seed(close) == ["pre-norm"]  # 1.5 BLEU: within twice the spread
     assert ablations_page.wants_a_second_seed(seeds) == []  # 2.5 BLEU: beyond it
