@@ -496,15 +496,31 @@ def mean_load(record: dict) -> float | None:
     return sum(loads) / len(loads) if loads else None
 
 
+SLOW_EPOCH = 1.5  # an epoch this many times the run's median epoch: other work held a third of the CPU through it
+
+
+def slowest_epoch(record: dict) -> float | None:
+    """The run's slowest epoch over its median epoch, in training minutes. Under one seed every epoch has the same
+    batches' worth of steps, so on any machine a run alone reads close to 1; None with fewer than three epochs."""
+    ends = [0.0] + [point["minutes"] for point in record.get("curve") or []]
+    epochs = sorted(b - a for a, b in zip(ends, ends[1:]))
+    if len(epochs) < 3:
+        return None
+    return epochs[-1] / epochs[len(epochs) // 2]
+
+
 def had_the_machine(record: dict) -> bool:
     """Whether a run's training minutes are the recipe's own. On a GPU, yes: the CPU's load does not time it. On the
-    CPU, when the machine's mean 1-minute load average while it trained stayed within SHARED_LOAD of the threads its
-    training keeps busy (torch_threads for each of its jobs): a run alone on 2 threads reads 2.0 to 2.1, and half a
-    core more, on average over the run, is other work. A record without loads (the first ones) cannot tell: no."""
+    CPU, when two things hold. The machine's mean 1-minute load average while it trained stayed within SHARED_LOAD
+    of the threads its training keeps busy (torch_threads for each of its jobs): a run alone on 2 threads reads 2.0
+    to 2.1, and half a core more, on average over the run, is other work. And no epoch took SLOW_EPOCH times the
+    run's median epoch: the load is sampled once an epoch, and a burst of other work between two samples shows only in
+    the epoch's minutes. A record without loads (the first ones) cannot tell: no."""
     if record["device"] != "cpu":
         return True
-    load = mean_load(record)
-    return load is not None and load <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
+    load, slowest = mean_load(record), slowest_epoch(record)
+    return (load is not None and load <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
+            and (slowest is None or slowest < SLOW_EPOCH))
 
 
 def summary_table(records: list[dict]):

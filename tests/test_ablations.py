@@ -136,6 +136,13 @@ def test_a_run_s_minutes_are_the_recipe_s_only_when_it_had_the_machine_to_itself
     assert not ablations.had_the_machine({**run, "torch_threads": 1})  # one thread, and a second core's worth beside
     assert not ablations.had_the_machine({**run, "load_average": None})  # the first records: cannot tell
     assert ablations.had_the_machine({**run, "device": "cuda", "load_average": [9.0]})  # the CPU's load does not time a GPU
+    steady = [{"minutes": 3.0 * epoch} for epoch in range(1, 5)]
+    assert ablations.slowest_epoch({"curve": steady}) == pytest.approx(1.0)
+    assert ablations.had_the_machine({**run, "curve": steady})
+    burst = steady[:2] + [{"minutes": 6.0 + 12.0}, {"minutes": 21.0}]  # the third epoch 12 minutes, 4 times 3
+    assert ablations.slowest_epoch({"curve": burst}) == pytest.approx(4.0)
+    assert not ablations.had_the_machine({**run, "curve": burst})  # its loads are a calm 2.0: the minutes tell
+    assert ablations.slowest_epoch({"curve": steady[:2]}) is None  # two epochs: no median to speak of
 
 
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
