@@ -294,6 +294,11 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
     close = seeds[:1] + [run("pre-norm", 0, 36.0)] + seeds[2:]  # -1.5: below twice the spread
     assert "not beyond twice the baseline's seed spread (0.90 BLEU over 3 seeds)" in said(
         close, {("pre-norm", 0): 0.01})
+    assert said(close, {("pre-norm", 0): 0.01}).endswith(": another seed would say more.")
+    three = close + [run("pre-norm", 1, 35.5), run("pre-norm", 2, 36.4)]  # -1.5 each: as many seeds as the baseline
+    assert said(three, {("pre-norm", s): 0.01 for s in range(3)}).endswith(
+        "(0.90 BLEU over 3 seeds), with as many seeds as the baseline has: the seeds' own noise could make gaps this "
+        "size.")
     both_ways = seeds + [run("pre-norm", 1, 39.5)]  # one seed below, one above: no direction to report
     assert "Beyond the noise" not in said(both_ways, {("pre-norm", 0): 0.001, ("pre-norm", 1): 0.001})
     assert "every seed's gap is beyond the test set's noise (paired p < 0.05), but they point opposite ways" in said(
