@@ -254,8 +254,7 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
               f"({spread:.2f} BLEU over {seeds} seeds)")
     if len(paired) < seeds:
         return text + within + ": another seed would say more."
-    return text + within + (f", with as many seeds as the baseline has: the seeds' own noise could make "
-                            f"{'that gap' if len(paired) == 1 else 'gaps this size'}.")
+    return text + within + ", with as many seeds as the baseline has: the seeds' own noise could make gaps this size."
 
 
 def compact_table(title: str, label: str, table: str) -> str:
