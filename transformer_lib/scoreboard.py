@@ -379,11 +379,17 @@ def notebook_code_hash(notebook: str | Path) -> str:
     return code_hash(json.loads(read_text(notebook, "notebook")))
 
 
+INSTALL_CELL_ID = "colab-install"  # the id of the Colab install cell that tools/colab.py writes first in every notebook
+
+
 def code_hash(notebook: dict) -> str:
-    """sha256 of the code cells of a notebook (as JSON or nbformat's node), in order."""
+    """sha256 of the code cells of a notebook (as JSON or nbformat's node), in order, the Colab install cell left out.
+
+    The install cell does nothing outside Colab and names the commit of the package to install, which changes with
+    every change to the package, so it is not part of what the stored outputs were computed from."""
     digest = hashlib.sha256()
     for cell in notebook["cells"]:
-        if cell["cell_type"] == "code":
+        if cell["cell_type"] == "code" and cell.get("id") != INSTALL_CELL_ID:
             source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
             digest.update(source.encode("utf-8") + b"\0")
     return digest.hexdigest()
