@@ -21,6 +21,8 @@ import colab
 import student_edition as se
 from test_links import pages_with_machine_paths_or_tracebacks
 
+PACKAGE_COMMIT = "0123456789abcdef0123456789abcdef01234567"  # what a notebook's install cell pins
+
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -222,7 +224,7 @@ def make_repo(root: Path) -> Path:
     (book / "intro.md").write_text("# The book\n\nWelcome.\n", encoding="utf-8")
     output = {"output_type": "stream", "name": "stdout", "text": ["1\n"]}
     nb = notebook(
-        colab.install_cell("https://github.com/o/r", "main"),
+        colab.install_cell("https://github.com/o/r", PACKAGE_COMMIT),
         md("# A\n\nText."),
         code("x = 1\nprint(x)", outputs=[output], count=1),
         md(EXERCISE),
@@ -248,8 +250,8 @@ def test_make_edition_copies_tracked_files_and_points_everything_at_the_branch(t
     assert "scratch.md is not tracked" in capsys.readouterr().out
     assert colab.repository(out / "book" / "_config.yml") == ("https://github.com/o/r", "student")
     nb = json.loads((out / "book" / "01_a.ipynb").read_text(encoding="utf-8"))
-    assert colab.problems(nb, "https://github.com/o/r", "student") == []
-    assert "@student" in "".join(nb["cells"][0]["source"])
+    # The install cell is the full edition's: the package from its repository, at the commit the notebook pins.
+    assert colab.problems(nb, "https://github.com/o/r", PACKAGE_COMMIT) == []
     code_cells = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
     assert all(cell["outputs"] == [] and cell["execution_count"] is None for cell in code_cells)
     assert [c.get("metadata", {}).get("tags", []) for c in nb["cells"]].count(["solution"]) == 0
@@ -259,15 +261,22 @@ def test_make_edition_copies_tracked_files_and_points_everything_at_the_branch(t
     toc = yaml.safe_load((out / "book" / "_toc.yml").read_text(encoding="utf-8"))
     assert toc["parts"] == [{"caption": "One", "chapters": [{"file": "01_a"}]}]
     # The repository itself is untouched.
-    assert "@main" in json.loads((root / "book" / "01_a.ipynb").read_text())["cells"][0]["source"][-3]
+    assert colab.pinned(json.loads((root / "book" / "01_a.ipynb").read_text())) == ("https://github.com/o/r",
+                                                                                   PACKAGE_COMMIT)
     with pytest.raises(FileExistsError, match="not empty"):
         se.make_edition(out, "student", root=root)
     se.make_edition(out, "other", root=root, force=True, include_untracked=True, url="https://github.com/o/course")
     assert colab.repository(out / "book" / "_config.yml") == ("https://github.com/o/course", "other")
-    assert "git+https://github.com/o/course@other" in (out / "book" / "01_a.ipynb").read_text(encoding="utf-8")
+    assert colab.pinned(json.loads((out / "book" / "01_a.ipynb").read_text())) == ("https://github.com/o/r",
+                                                                                  PACKAGE_COMMIT)
     assert (out / "book" / "scratch.md").is_file() and not (out / "book" / "_build").exists()
     with pytest.raises(ValueError, match="outside the repository"):
         se.make_edition(root / "edition", "student", root=root)
+    # The full edition's branch in its own repository would send the launch buttons to the solutions.
+    with pytest.raises(ValueError, match="--branch 'main' is the full edition's branch"):
+        se.make_edition(tmp_path / "e2", "main", root=root)
+    assert not (tmp_path / "e2").exists()
+    se.make_edition(tmp_path / "e3", "main", root=root, url="https://github.com/o/course")  # another repository
 
 
 def test_the_command_refuses_unbalanced_markers_with_the_cell(tmp_path):

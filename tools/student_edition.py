@@ -20,7 +20,8 @@
      (execute.exclude_patterns: chapters 8 and 9, whose stored outputs come from their latest recorded full run; see
      CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9'); there only the outputs of removed cells and of stubbed
      cells go. --clear-all-outputs clears those too;
-   - points the Colab install cell at the branch given by --branch (tools/colab.py).
+   - keeps the Colab install cell as it is: it installs the package from the full edition's repository at the
+     commit the notebook was written for (tools/colab.py), the same code either way.
 3. Sets repository.branch in DIR/book/_config.yml to that branch (and repository.url to --url, when the edition
    is published in another repository), so that the launch buttons open the student notebooks; adds a banner to
    DIR/book/intro.md; leaves out of DIR/book/_toc.yml any page whose file is not in DIR (a chapter that is listed
@@ -494,6 +495,11 @@ def make_edition(
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; give a new folder for the edition")
     tracked, untracked = tracked_files(root), untracked_files(root)  # --repo is a git clone: checked before writing
+    full_url, full_branch = colab.repository(root / "book" / "_config.yml")
+    if branch == full_branch and (url is None or url.rstrip("/") == full_url):
+        raise ValueError(f"--branch {branch!r} is the full edition's branch in its repository ({full_url}), whose "
+                         f"notebooks hold the solutions; give the branch the student edition is published on "
+                         f"(default: student), or another repository with --url")
     if out.exists() and any(path.name != ".git" for path in out.iterdir()):
         if not force:
             raise FileExistsError(f"--out {out} is not empty; choose a new folder or pass --force to replace its files")
@@ -502,7 +508,6 @@ def make_edition(
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
-    full_url, full_branch = colab.repository(root / "book" / "_config.yml")
     for name in tracked + (untracked if include_untracked else []):
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -526,9 +531,6 @@ def make_edition(
         report[path.name] = removed
 
     set_repository(book / "_config.yml", branch=branch, **({"url": url.rstrip("/")} if url else {}))
-    url, branch = colab.repository(book / "_config.yml")
-    for path in sorted(book.glob("*.ipynb")):
-        colab.sync_notebook(path, url, branch)
     add_banner(book / "intro.md", full_url, full_branch, branch)
     for name in prune_toc(book / "_toc.yml"):
         print(f"note: book/_toc.yml lists {name}, which is not in the edition; it is left out of its table of contents")
