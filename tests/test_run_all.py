@@ -1,10 +1,10 @@
 """*Run all* goes through every notebook of the book, top to bottom, and no cell raises: not an unsolved exercise
 either (CONTRIBUTING.md, 'Exercises and the student edition').
 
-No notebook is executed here a second time. The book build (myst-nb, through nbclient, with `allow_errors: false`
-and `nb_execution_raise_on_error: true`) and nbval (`pytest ... book`) already execute every notebook top to bottom
-and stop at the first cell that raises, unless that cell is tagged `raises-exception`; so the first test makes sure
-no cell is. What those runs left behind is then read: the build's executed copies (when TRANSFORMER_BOOK_BUILT names
+No notebook is executed here a second time. The book build (myst-nb, through nbclient, with `allow_errors: false`;
+a failing notebook is a warning, which CI's `-W` makes an error) and nbval (`pytest ... book`) already execute every
+notebook top to bottom and stop at the first cell that raises, unless that cell is tagged `raises-exception`; so the
+first test makes sure no cell is. What those runs left behind is then read: the build's executed copies (when TRANSFORMER_BOOK_BUILT names
 a build, as in CI) and the stored outputs of chapters 8 and 9, which take 40 minutes to run. The exercise stubs
 themselves are run here, each in the namespace of its chapter's imports: a stub must print one line and not raise.
 """
@@ -44,7 +44,8 @@ def tags(cell: dict) -> list[str]:
 def test_the_build_and_nbval_stop_at_any_cell_that_raises():
     config = yaml.safe_load((BOOK / "_config.yml").read_text(encoding="utf-8"))
     assert config["execute"]["allow_errors"] is False
-    assert config["sphinx"]["config"]["nb_execution_raise_on_error"] is True
+    # A failing notebook is a warning, so that the rest of the book is still written; CI's -W makes it an error.
+    assert config["sphinx"]["config"]["nb_execution_raise_on_error"] is False
     lenient = [f"{path.name}, cell {i}: {sorted(LENIENT_TAGS & set(tags(c)))}"
                for path in NOTEBOOKS for i, c in enumerate(load(path)["cells"]) if LENIENT_TAGS & set(tags(c))]
     assert not lenient, "cells that the build or nbval may let raise, where Run all would stop:\n" + "\n".join(lenient)

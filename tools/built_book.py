@@ -4,10 +4,11 @@ again (CONTRIBUTING.md, 'Running the tests and building the book').
     python tools/built_book.py [--build book/_build]
 
 `jupyter-book build book` executes every notebook that `book/_config.yml` does not exclude and keeps the executed
-copies in `book/_build/jupyter_execute/`. With `nb_execution_raise_on_error: true` a build that finishes has run
-each of them top to bottom without an error in any cell (no cell of the book may raise, not even an exercise stub:
-CONTRIBUTING.md, 'Exercises and the student edition'), which is all that nbval
-(`--nbval-lax`, no cell marked for output comparison) checks. When the environment variable
+copies in `book/_build/jupyter_execute/`. A notebook that fails there is a warning (`nb_execution_raise_on_error:
+false`, so that one failing page does not cost the whole book) and its copy holds the error or the cells it never
+reached; a copy that ran every code cell with no error in any (no cell of the book may raise, not even an exercise
+stub: CONTRIBUTING.md, 'Exercises and the student edition') has passed all that nbval (`--nbval-lax`, no cell marked
+for output comparison) checks. When the environment variable
 `TRANSFORMER_BOOK_BUILT` names a build folder, `conftest.py` leaves out of the test run the nbval items of every
 notebook whose executed copy there is proven current by `reusable()`:
 
