@@ -6,6 +6,7 @@ Imports are at the top: `python -m transformer_lib` imports the package, and wit
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import traceback
@@ -20,6 +21,7 @@ from transformer_lib.distributed import TorchrunProcess, launch_info, launched_b
 from transformer_lib.files import atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
+from transformer_lib.runtime import training_threads
 from transformer_lib.runs import (DECODING_FILE, check_output_file, check_run_folder, kept_epochs,
                                   read_run_record, write_decoding)
 from transformer_lib.scoreboard import (check_scoreboard_folder, replaced_record, run_facts, scoreboard_record,
@@ -178,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--compile", action="store_true", help="compile the model with torch.compile")
     train.add_argument("--seed", type=seed_value, help=f"0 to {MAX_SEED}; default: 0")
     train.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
+    train.add_argument("--threads", type=positive_int,
+                       help="CPU threads for training on the CPU (default: every core when nothing else runs, else 1: "
+                            "torch's threads slow down several-fold beside other work)")
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bar (a line per epoch still says how training goes)")
 
@@ -258,6 +263,18 @@ def _train_settings(args: argparse.Namespace, device: torch.device) -> tuple[dic
     return overrides, preset, resolve_settings(preset, overrides, source=f"--config {args.config}")
 
 
+def _set_training_threads(threads: int | None) -> None:
+    """torch's CPU threads for the training: --threads, else runtime.training_threads (and a note when the machine
+    is busy, so that a reader knows why and how to choose)."""
+    if threads is None:
+        threads = training_threads()
+        if threads == 1 and (os.cpu_count() or 1) > 1:
+            print(f"note: training with 1 CPU thread: other work is running here (load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), and torch's threads slow down beside it; "
+                  f"--threads N to choose", file=sys.stderr)
+    torch.set_num_threads(threads)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         given = [f"--{name.replace('_', '-')}" for name in RESUME_FIXED if getattr(args, name) is not None]
@@ -291,6 +308,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:  # None: train_translator's SingleProcess, on the best device there is
             process = SingleProcess(args.device)  # --device, or the best there is
         validation = _validation_arguments(args)
+        if process.device().type == "cpu":
+            _set_training_threads(args.threads)
         try:
             summary = train_translator(
                 args.out, corpus=args.corpus or "multi30k", src_lang=args.src or "de", tgt_lang=args.tgt or "en",
