@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -27,3 +29,14 @@ def test_smoke_switch_rejects_nonsense(monkeypatch):
     monkeypatch.setenv(tl.runtime.SMOKE_ENV, "maybe")
     with pytest.raises(ValueError, match="TRANSFORMER_BOOK_SMOKE must be 1 or 0.*'maybe'"):
         tl.is_smoke()
+
+
+@pytest.mark.parametrize("cores, load, expected", [(2, 0.0, 2), (2, 0.49, 2), (2, 0.5, 1), (2, 3.7, 1), (16, 0.2, 16),
+                                                   (1, 0.0, 1)])
+def test_training_threads_uses_every_core_only_when_nothing_else_runs(cores, load, expected):
+    assert tl.runtime.training_threads(cores=cores, load=load) == expected
+
+
+def test_training_threads_reads_this_machine_by_default():
+    threads = tl.runtime.training_threads()
+    assert 1 <= threads <= (os.cpu_count() or 1)
