@@ -169,8 +169,9 @@ def export_book(book: Path = BOOK) -> dict[str, str]:
     """Map each generated module's file name to its source, for every notebook of the book.
 
     A module gathers, in book order, the cells of every notebook that exports to it; a module can be the default
-    (`#| default_exp`) of one notebook only. Where the book's repository has a CONTRIBUTING.md, every module's
-    docstring is its job as the table of generated modules there says it, and a module without a row is an error.
+    (`#| default_exp`) of one notebook only. Where the book's repository has a design document, every module's
+    docstring is its job as CONTRIBUTING.md, 'Generated and hand-written code' says it; a module without a row there
+    is an error.
     """
     contributing = book.parent / "CONTRIBUTING.md"
     jobs = module_jobs(contributing) if contributing.is_file() else None
