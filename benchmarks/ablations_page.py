@@ -37,7 +37,8 @@ ALPHA = 0.05  # a paired p-value below it: a gap the test set's sampling does no
 NOT_LEARNED = 1.0  # a test BLEU below it: the run did not learn to translate at all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ablations  # noqa: E402
+import ablation_records  # noqa: E402
+import ablation_tables  # noqa: E402
 
 
 def records_digest(folder: Path = RECORDS) -> str:
@@ -71,9 +72,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def runs_block(records: list[dict], stats: dict) -> str:
     """One row per run, in the variants' order, then seeds; narrow enough for the book's page at 1280 px."""
-    baseline = ablations.baselines(records)
+    baseline = ablation_tables.baselines(records)
     rows = []
-    for variant in ablations.VARIANTS:
+    for variant in ablation_records.VARIANTS:
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
             if run["diverged"]:
                 rows.append([variant, str(run["seed"]), "diverged: " + run["error"]] + ["–"] * 5)
@@ -83,7 +84,7 @@ def runs_block(records: list[dict], stats: dict) -> str:
             p = "–" if stat["p_value"] is None else f"{stat['p_value']:.3f}"
             last, epochs = run["chosen"]["average_last"], run["epochs"]
             weights = "final weights" if last == 1 else f"epochs {epochs - last + 1}–{epochs} averaged"
-            load = ablations.mean_load(run)
+            load = ablation_tables.mean_load(run)
             load = "" if load is None else f" ({load:.1f})"
             rows.append([variant, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
                          _number(run["chosen"]["valid_bleu"]),
@@ -96,7 +97,7 @@ def runs_block(records: list[dict], stats: dict) -> str:
 
 def summary_block(records: list[dict]) -> str:
     """One row per variant: seeds, mean test BLEU and its spread over seeds, greedy validation BLEU, minutes."""
-    table = ablations.summary_table(records)
+    table = ablation_tables.summary_table(records)
     rows = []
     for _, row in table.iterrows():
         rows.append([row["variant"], str(int(row["seeds"])), str(int(row["diverged"])),
@@ -112,7 +113,7 @@ def summary_block(records: list[dict]) -> str:
 def status_block(records: list[dict], digest: str) -> str:
     """Which runs are recorded, where and how; which are still to come."""
     done = {(r["variant"], r["seed"]) for r in records}
-    planned = [(v, s) for v in ablations.VARIANTS for s in PLANNED_SEEDS.get(v, (0,))]
+    planned = [(v, s) for v in ablation_records.VARIANTS for s in PLANNED_SEEDS.get(v, (0,))]
     missing = [f"{v} (seed {s})" for v, s in planned if (v, s) not in done]
     missing += [f"{v} (seed 1, its gap within twice the seed spread)" for v in wants_a_second_seed(records)
                 if (v, 1) not in done]
@@ -129,7 +130,7 @@ def reproduction_block(records: list[dict]) -> str:
     """Whether the baseline of seed 0 reproduces chapter 8's recorded run (the scoreboard record of multi30k-cpu)."""
     from transformer_lib.files import read_checked_json
 
-    run = ablations.baselines(records).get(0)
+    run = ablation_tables.baselines(records).get(0)
     if run is None:
         return "The baseline of seed 0, chapter 8's recorded run trained again, has not run yet.\n"
     board = read_checked_json(SCOREBOARD, "scoreboard file", "write_scoreboard")
@@ -160,7 +161,7 @@ def schedule_block(records: list[dict]) -> str:
     (eq. 3, transformer_lib.training.noam_lr, times the recipe's lr_factor)."""
     from transformer_lib.training import noam_lr
 
-    base = ablations.baselines(records).get(0)
+    base = ablation_tables.baselines(records).get(0)
     cold = next((r for r in records if r["variant"] == "no-warmup"), None)
     if base is None or cold is None:
         return "The learning rates of both schedules come with the first baseline and no-warmup runs.\n"
@@ -180,7 +181,7 @@ def schedule_block(records: list[dict]) -> str:
 
 def baseline_spread(records: list[dict]) -> tuple[float | None, int]:
     """The baseline's test BLEU spread over its seeds (max - min), and how many seeds it has."""
-    values = [r["test"]["bleu"] for r in ablations.baselines(records).values()]
+    values = [r["test"]["bleu"] for r in ablation_tables.baselines(records).values()]
     return (max(values) - min(values) if len(values) > 1 else None), len(values)
 
 
@@ -189,7 +190,7 @@ def wants_a_second_seed(records: list[dict]) -> list[str]:
     cannot tell them from the baseline's own wandering, so the plan gives them a seed 1. Empty while the spread is
     not measured (fewer than two baseline seeds)."""
     spread, _ = baseline_spread(records)
-    base = ablations.baselines(records).get(0)
+    base = ablation_tables.baselines(records).get(0)
     if spread is None or base is None:
         return []
     return [r["variant"] for r in records if r["seed"] == 0 and r["variant"] != "baseline" and not r["diverged"]
@@ -210,7 +211,7 @@ def verdict(variant: str, records: list[dict], stats: dict) -> str:
     if not runs:
         return f"*{variant}*: not run yet."
     spread, seeds = baseline_spread(records)
-    baseline = ablations.baselines(records)
+    baseline = ablation_tables.baselines(records)
     parts = []
     for run in runs:
         if run["diverged"]:
@@ -288,7 +289,7 @@ def draw_curves(records: list[dict]) -> None:
 
     with plt.rc_context({"svg.hashsalt": "ablations"}):  # fixed ids, and no timestamp: the same records, the same file
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        ablations.plot_curves(records, ax=ax)
+        ablation_tables.plot_curves(records, ax=ax)
         ax.set_title("Validation BLEU (greedy) after each epoch, one line per run")
         fig.tight_layout()
         FIGURE.parent.mkdir(parents=True, exist_ok=True)
@@ -304,13 +305,13 @@ def stored_digest(text: str) -> str | None:
 def sync(check: bool) -> bool:
     """Rewrite the page's blocks and figure from the records, or (check) say whether they were made from them."""
     text = PAGE.read_text(encoding="utf-8")
-    records = ablations.read_records(RECORDS)  # each checked, all of one sweep, as for --summary: else one line
+    records = ablation_records.read_records(RECORDS)  # each checked, all of one sweep, as for --summary: else one line
     digest = records_digest()
     if check:
         return stored_digest(text) == digest and FIGURE.is_file()
-    references = ablations.test2016_references()
-    ablations.check_hypotheses(records, references, RECORDS)
-    stats = ablations.significance(records, references)
+    references = ablation_records.test2016_references()
+    ablation_records.check_hypotheses(records, references, RECORDS)
+    stats = ablation_tables.significance(records, references)
     new = BLOCK.sub(lambda m: m.group(1) + render(m["name"], records, stats, digest) + m.group(4), text)
     PAGE.write_text(new, encoding="utf-8")
     draw_curves(records)

@@ -15,6 +15,8 @@ from transformer_lib import data
 from transformer_lib.files import read_checked_json, write_checked_json
 from transformer_lib.scoring import corpus_scores
 
+import ablation_records
+import ablation_tables
 import ablations
 import ablations_page
 
@@ -24,14 +26,14 @@ MEASURED = {**QUICK, "training": {**QUICK["training"], "bleu_every": 1}}  # gree
 
 def _model(variant: str) -> tl.Transformer:
     """The model train_translator builds for a variant of the multi30k preset (a small vocabulary, to be quick)."""
-    settings = recipe.resolve_settings("multi30k", ablations.VARIANTS[variant][1])
+    settings = recipe.resolve_settings("multi30k", ablation_records.VARIANTS[variant][1])
     model = {"share_embeddings": True, "tie_embeddings": True, **settings["model"]}  # as _new_model
     return tl.Transformer(tl.TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, **model))
 
 
 def test_every_variant_is_valid_and_changes_what_it_says():
     baseline = recipe.resolve_settings("multi30k")
-    for variant, (description, changes) in ablations.VARIANTS.items():
+    for variant, (description, changes) in ablation_records.VARIANTS.items():
         settings = recipe.resolve_settings("multi30k", changes)  # a key that is not a setting is refused
         assert (settings == baseline) == (variant == "baseline"), variant
         assert description
@@ -46,7 +48,7 @@ def test_every_variant_is_valid_and_changes_what_it_says():
     assert separate.src_embed is not separate.tgt_embed and separate.generator.weight is separate.tgt_embed.lookup.weight
     assert isinstance(_model("learned-positions").src_positional, tl.LearnedPositionalEncoding)
     assert _model("dropout-0.3").cfg.dropout == 0.3
-    warmup = recipe.resolve_settings("multi30k", ablations.VARIANTS["no-warmup"][1])["training"]["warmup"]
+    warmup = recipe.resolve_settings("multi30k", ablation_records.VARIANTS["no-warmup"][1])["training"]["warmup"]
     assert warmup == 1 and tl.noam_lr(1, 256, warmup) == max(tl.noam_lr(s, 256, warmup) for s in range(1, 100))
 
 
@@ -57,7 +59,7 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
     quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(MEASURED), "--epochs", "2",
              "--max-len", "8", "--alpha", "0.6", "1.0", "--seeds", "3"]
     assert ablations.main([*quick, "--variants", "baseline", "separate-embeddings"]) == 0
-    records = {r["variant"]: r for r in ablations.read_records(out)}
+    records = {r["variant"]: r for r in ablation_records.read_records(out)}
     assert sorted(records) == ["baseline", "separate-embeddings"]
     for record in records.values():
         assert record["seed"] == 3 and record["epochs"] == 2 and not record["diverged"]
@@ -85,7 +87,7 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
     assert "0 runs to do" in capsys.readouterr().out  # a run with a record is not repeated
 
     references = [en for _, en in data.load_pairs("multi30k", "test", "de", "en")]
-    per_run = ablations.runs_table(ablations.read_records(out), references).set_index("variant")
+    per_run = ablation_tables.runs_table(ablation_records.read_records(out), references).set_index("variant")
     assert list(per_run.index) == ["baseline", "separate-embeddings"] and set(per_run["seed"]) == {3}
     for variant, row in per_run.iterrows():  # sacreBLEU's bootstrap: an interval around the run's own score
         assert row["test BLEU"] == records[variant]["test"]["bleu"] and row["95% CI ±"] >= 0
@@ -99,16 +101,16 @@ def test_a_sweep_writes_one_record_per_run_decides_on_validation_and_goes_on_whe
                 "test_hypotheses": {**records["baseline"]["test_hypotheses"], "chosen": chosen}}
 
     kept = records["baseline"]["test_hypotheses"]["chosen"]
-    stats = ablations.significance([records["baseline"], variant_with("pre-norm", [""] * len(kept))], references)
+    stats = ablation_tables.significance([records["baseline"], variant_with("pre-norm", [""] * len(kept))], references)
     assert stats["pre-norm", 3]["p_value"] < 0.01  # nothing translated: a difference no resampling explains
     assert stats["baseline", 3]["p_value"] is None and stats["pre-norm", 3]["mean"] == 0
 
-    table = ablations.summary_table(ablations.read_records(out))
+    table = ablation_tables.summary_table(ablation_records.read_records(out))
     assert list(table["variant"][:2]) == ["baseline", "separate-embeddings"]  # in VARIANTS' order
     row = table.set_index("variant").loc["baseline"]
     assert row["test BLEU"] == records["baseline"]["test"]["bleu"] and math.isnan(row["test BLEU spread"])
     assert "baseline decoded by greedy search, final weights" in set(table["variant"])
-    ax = ablations.plot_curves(ablations.read_records(out))
+    ax = ablation_tables.plot_curves(ablation_records.read_records(out))
     lines = ax.get_lines()
     assert len(lines) == 2 and [line.get_label() for line in lines] == ["baseline", "separate-embeddings"]
     assert list(lines[0].get_xdata()) == [p["step"] for p in records["baseline"]["curve"]]  # every epoch's BLEU
@@ -122,7 +124,7 @@ def test_the_table_keeps_a_diverged_run_apart_and_shows_the_spread_over_seeds():
                 "minutes": minutes if trained else None, "device": "cpu", "torch_threads": 2, "jobs": 1,
                 "load_average": [load, load]}
 
-    table = ablations.summary_table([record(0, 30.0), record(1, 33.0, minutes=3.0, load=3.1), record(2, None)])
+    table = ablation_tables.summary_table([record(0, 30.0), record(1, 33.0, minutes=3.0, load=3.1), record(2, None)])
     row = table.set_index("variant").loc["no-warmup"]
     assert (row["seeds"], row["diverged"], row["test BLEU"], row["test BLEU spread"]) == (3, 1, 31.5, 3.0)
     assert (row["minutes"], row["runs alone"]) == (1.5, 1)  # the run beside other work is left out of the price
@@ -130,19 +132,19 @@ def test_the_table_keeps_a_diverged_run_apart_and_shows_the_spread_over_seeds():
 
 def test_a_run_s_minutes_are_the_recipe_s_only_when_it_had_the_machine_to_itself():
     run = {"device": "cpu", "torch_threads": 2, "jobs": 1, "load_average": [2.0, 2.1, 1.9]}
-    assert ablations.had_the_machine(run)
-    assert not ablations.had_the_machine({**run, "load_average": [2.0, 3.5, 2.4]})  # a mean of 2.63: shared
-    assert ablations.had_the_machine({**run, "torch_threads": 1, "jobs": 2})  # two runs of one thread: their own
-    assert not ablations.had_the_machine({**run, "torch_threads": 1})  # one thread, and a second core's worth beside
-    assert not ablations.had_the_machine({**run, "load_average": None})  # the first records: cannot tell
-    assert ablations.had_the_machine({**run, "device": "cuda", "load_average": [9.0]})  # the CPU's load does not time a GPU
+    assert ablation_tables.had_the_machine(run)
+    assert not ablation_tables.had_the_machine({**run, "load_average": [2.0, 3.5, 2.4]})  # a mean of 2.63: shared
+    assert ablation_tables.had_the_machine({**run, "torch_threads": 1, "jobs": 2})  # two runs of one thread: their own
+    assert not ablation_tables.had_the_machine({**run, "torch_threads": 1})  # one thread, and a second core's worth beside
+    assert not ablation_tables.had_the_machine({**run, "load_average": None})  # the first records: cannot tell
+    assert ablation_tables.had_the_machine({**run, "device": "cuda", "load_average": [9.0]})  # the CPU's load does not time a GPU
     steady = [{"minutes": 3.0 * epoch} for epoch in range(1, 5)]
-    assert ablations.slowest_epoch({"curve": steady}) == pytest.approx(1.0)
-    assert ablations.had_the_machine({**run, "curve": steady})
+    assert ablation_tables.slowest_epoch({"curve": steady}) == pytest.approx(1.0)
+    assert ablation_tables.had_the_machine({**run, "curve": steady})
     burst = steady[:2] + [{"minutes": 6.0 + 12.0}, {"minutes": 21.0}]  # the third epoch 12 minutes, 4 times 3
-    assert ablations.slowest_epoch({"curve": burst}) == pytest.approx(4.0)
-    assert not ablations.had_the_machine({**run, "curve": burst})  # its loads are a calm 2.0: the minutes tell
-    assert ablations.slowest_epoch({"curve": steady[:2]}) is None  # two epochs: no median to speak of
+    assert ablation_tables.slowest_epoch({"curve": burst}) == pytest.approx(4.0)
+    assert not ablation_tables.had_the_machine({**run, "curve": burst})  # its loads are a calm 2.0: the minutes tell
+    assert ablation_tables.slowest_epoch({"curve": steady[:2]}) is None  # two epochs: no median to speak of
 
 
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
@@ -161,7 +163,7 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
     quick = ["--out", str(out), "--preset", "tiny", "--overrides", json.dumps(MEASURED), "--epochs", "1",
              "--max-len", "8", "--alpha", "1.0", "--seeds", "0", "--variants", "baseline"]
     assert ablations.main(quick) == 0
-    path = ablations.record_path(out, "baseline", 0)
+    path = ablation_records.record_path(out, "baseline", 0)
     good = read_checked_json(path, "record", "the test")
     capsys.readouterr()
 
@@ -198,11 +200,11 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
     capsys.readouterr()
 
     # two sweeps' records in one folder are not one table: "vs baseline" and p-values would compare across them
-    changes = ablations.VARIANTS["pre-norm"][1]
-    other = ablations.record_path(out, "pre-norm", 0)
+    changes = ablation_records.VARIANTS["pre-norm"][1]
+    other = ablation_records.record_path(out, "pre-norm", 0)
     for key, value in {"preset": "multi30k-cpu", "train_limit": 500}.items():
         write_checked_json(other, {**good, "variant": "pre-norm", "changes": changes,
-                                   "overrides": ablations.merge(good["overrides"], changes), key: value})
+                                   "overrides": ablation_records.merge(good["overrides"], changes), key: value})
         refused(["--summary", str(out)], str(path), str(other), "are of two sweeps", f"{key} {value!r}")
         monkeypatch.setattr(ablations_page, "RECORDS", out)  # and the appendix reads them through the same reader
         refused_page = ablations_page.main(["--check"])
@@ -261,7 +263,7 @@ def test_the_appendix_was_made_from_the_records_in_the_repository():
     text = ablations_page.PAGE.read_text(encoding="utf-8")
     names = [m["name"] for m in ablations_page.BLOCK.finditer(text)]
     verdicts = {v for name in names if name.startswith("verdict") for v in name.split()[1:]}
-    assert verdicts == set(ablations.VARIANTS) - {"baseline"}, "every variant has its sentences on the page"
+    assert verdicts == set(ablation_records.VARIANTS) - {"baseline"}, "every variant has its sentences on the page"
     assert {"status", "runs", "summary", "reproduction", "schedule"} <= set(names)
 
 
@@ -269,9 +271,9 @@ def test_the_appendix_blocks_are_what_the_records_give():
     """Every block, made again from the records (with test2016's references for the bootstrap), is the page's."""
     if not (DATA / "multi30k" / "test.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}; with the Hub, run benchmarks/ablations_page.py")
-    records = ablations.read_records(ablations_page.RECORDS)
+    records = ablation_records.read_records(ablations_page.RECORDS)
     references = [en for _, en in data.load_pairs("multi30k", "test", "de", "en")]
-    stats = ablations.significance(records, references)
+    stats = ablation_tables.significance(records, references)
     digest = ablations_page.records_digest()
     for match in ablations_page.BLOCK.finditer(ablations_page.PAGE.read_text(encoding="utf-8")):
         assert match["body"] == ablations_page.render(match["name"], records, stats, digest), match["name"]

@@ -69,9 +69,18 @@ def test_a_fused_adam_checkpoint_resumes_into_the_plain_one(tmp_path):
     train(model, copy_batches, fused, scheduler, max_steps=3, progress=False)
     path = tmp_path / "checkpoint.pt"
     save_checkpoint(path, model, fused, scheduler, None, training.TrainState(step=3))
+    saved = fused.state_dict()["state"]
     model, optimizer, scheduler = fresh(seed=5)
     state = resume_training(load_checkpoint(path), model, optimizer, scheduler)
-    train(model, copy_batches, optimizer, scheduler, max_steps=6, state=state, progress=False)
+    assert state.step == 3 and not optimizer.defaults["fused"]
+    for index, moments in saved.items():  # the plain Adam carries on with the fused one's moments, exactly
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(optimizer.state[optimizer.param_groups[0]["params"][index]][name],
+                                       moments[name], atol=0, rtol=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    state = train(model, copy_batches, optimizer, scheduler, max_steps=6, state=state, progress=False)
+    assert state.step == 6 and all(torch.isfinite(torch.tensor(loss)) for _, loss, _ in state.history)
+    assert any(not torch.equal(old, new) for old, new in zip(before, model.parameters()))  # and it took its steps
 
 
 def test_make_optimizer_fuses_adam_only_on_cuda():

@@ -138,7 +138,7 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         (dict(dropout=1.5), r"dropout must be a number in \[0, 1\), got 1.5"),
         (dict(dropout="0.1"), r"dropout must be a number in \[0, 1\), got '0.1'"),  # not a TypeError
         (dict(pad_id=None), "pad_id must be a token id of both vocabularies, got None"),
-        (dict(positional="rotary"), "positional must be 'sinusoidal' or 'learned', got 'rotary'"),
+        (dict(positional="rotary"), "positional must be one of 'sinusoidal', 'learned', got 'rotary'"),
         (dict(share_embeddings=True), "share_embeddings needs one joint vocabulary"),
         (dict(pad_id=40), "pad_id must be a token id of both vocabularies, got 40"),
         (dict(n_layers=0), "n_layers must be a positive integer, got 0"),
@@ -152,6 +152,56 @@ def test_dropout_is_off_in_eval_and_on_in_train():
 def test_bad_configurations(changes, message):
     with pytest.raises(ValueError, match=message):
         tl.TransformerConfig(**{**SMALL, **changes})
+
+
+# What a checkpoint saved before the model was composed from parts (issue 47) holds, for one layer of each kind:
+# a renamed or reordered module would make those checkpoints unloadable.
+ONE_LAYER_PRE_NORM_KEYS = [
+    "src_embed.lookup.weight", "tgt_embed.lookup.weight",
+    *(f"encoder.layers.0.self_attn.w_{w}.{p}" for w in "qkvo" for p in ("weight", "bias")),
+    *(f"encoder.layers.0.feed_forward.linear{i}.{p}" for i in (1, 2) for p in ("weight", "bias")),
+    *(f"encoder.layers.0.{b}.norm.{p}" for b in ("attn_block", "ff_block") for p in ("weight", "bias")),
+    "encoder.norm.weight", "encoder.norm.bias",
+    *(f"decoder.layers.0.{a}.w_{w}.{p}" for a in ("self_attn", "cross_attn") for w in "qkvo" for p in ("weight", "bias")),
+    *(f"decoder.layers.0.feed_forward.linear{i}.{p}" for i in (1, 2) for p in ("weight", "bias")),
+    *(f"decoder.layers.0.{b}.norm.{p}" for b in ("self_attn_block", "cross_attn_block", "ff_block")
+      for p in ("weight", "bias")),
+    "decoder.norm.weight", "decoder.norm.bias", "generator.weight",
+]
+
+
+def test_the_state_dict_keeps_the_names_and_order_checkpoints_were_saved_with():
+    assert list(small_model(norm_first=True, n_layers=1).state_dict()) == ONE_LAYER_PRE_NORM_KEYS
+
+
+def test_each_layer_holds_the_parts_it_was_given_and_no_two_places_share_one():
+    attn, ffn = tl.MultiHeadAttention(8, 2), tl.PositionwiseFeedForward(8, 16)
+    blocks = [tl.SublayerConnection(nn.LayerNorm(8)) for _ in range(2)]
+    layer = tl.EncoderLayer(attn, ffn, *blocks)
+    assert (layer.self_attn, layer.feed_forward, layer.attn_block, layer.ff_block) == (attn, ffn, *blocks)
+    model = small_model(norm_first=True)
+    parts = [m for m in model.modules() if isinstance(m, (tl.MultiHeadAttention, tl.PositionwiseFeedForward,
+                                                           nn.LayerNorm))]
+    assert len(parts) == len({id(m) for m in parts}) == 2 * (1 + 1 + 2) + 2 * (2 + 1 + 3) + 2  # + the final norms
+
+
+def test_a_positional_encoding_added_to_the_table_is_one_the_config_accepts_and_the_model_builds(monkeypatch):
+    """A later chapter adds a position scheme by adding it to POSITIONAL_ENCODINGS, without a change to chapter 6."""
+
+    class NoPositions(nn.Module):  # stands in for an encoding that lives in the attention (rotary positions)
+        def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
+            super().__init__()
+            self.dropout = nn.Dropout(dropout)
+
+        def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+            return self.dropout(x)
+
+    with pytest.raises(ValueError, match="positional must be one of 'sinusoidal', 'learned', got 'none'"):
+        small_model(positional="none")
+    monkeypatch.setitem(tl.POSITIONAL_ENCODINGS, "none", NoPositions)
+    model = small_model(positional="none")
+    assert isinstance(model.src_positional, NoPositions) and isinstance(model.tgt_positional, NoPositions)
+    assert model.src_positional is not model.tgt_positional
 
 
 def test_bad_inputs_to_the_model():

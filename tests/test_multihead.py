@@ -1,4 +1,3 @@
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +33,22 @@ def test_matches_torch_multihead_attention(fused, causal):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights, ref_weights, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_is_attend_over_the_heads_that_query_heads_and_key_value_heads_make():
+    """The one place where queries, keys and values are made: what forward attends over, and what a caller that keeps
+    heads between calls (the key/value cache) gets; start, the position of the first row, changes nothing here."""
+    torch.manual_seed(0)
+    mha = tl.MultiHeadAttention(16, 4).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    q = mha.query_heads(x)
+    k, v = mha.key_value_heads(memory, memory)
+    assert q.shape == (2, 4, 5, 4) and k.shape == v.shape == (2, 4, 7, 4)
+    torch.testing.assert_close(q, mha.split_heads(mha.w_q(x)), atol=0, rtol=0)
+    torch.testing.assert_close(v, mha.split_heads(mha.w_v(memory)), atol=0, rtol=0)
+    torch.testing.assert_close(mha.query_heads(x, start=3), q, atol=0, rtol=0)
+    out, _ = mha(x, memory, memory)
+    torch.testing.assert_close(out, mha.attend(q, k, v)[0], atol=0, rtol=0)
 
 
 def test_parameter_count_is_four_d_model_squared_plus_biases():

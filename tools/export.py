@@ -127,10 +127,24 @@ def _without_repeated_imports(blocks: list[str]) -> list[str]:
     return kept
 
 
-def _module_source(module: str, parts: list[tuple[str, str, list[str]]]) -> str:
-    """A generated module from its parts, (notebook name, notebook title, blocks), in book order."""
+JOB_ROW = re.compile(r"^\| `(?P<module>\w+)\.py` \| [^|]+ \| (?P<job>.+?) \|$", re.MULTILINE)
+
+
+def module_jobs(contributing: Path) -> dict[str, str]:
+    """Each generated module's one job, from the table of CONTRIBUTING.md, 'Generated and hand-written code'."""
+    return {row["module"]: row["job"] for row in JOB_ROW.finditer(contributing.read_text(encoding="utf-8"))}
+
+
+def _module_source(module: str, parts: list[tuple[str, str, list[str]]], job: str | None = None) -> str:
+    """A generated module from its parts, (notebook name, notebook title, blocks), in book order.
+
+    Its docstring says the module's job when one is given, and else the title of its notebook.
+    """
     names = [name for name, _, _ in parts]
-    if len(parts) == 1 and parts[0][1]:
+    if job is not None:
+        built = " and ".join(f"book/{name}" for name in names)
+        doc = f"{job[0].upper()}{job[1:]}.\n\nThe pieces built in {built}."
+    elif len(parts) == 1 and parts[0][1]:
         doc = f"{parts[0][1]}: the pieces built in book/{names[0]}."
     else:
         doc = f"The {module} module: the pieces built in " + " and ".join(f"book/{name}" for name in names) + "."
@@ -155,8 +169,12 @@ def export_book(book: Path = BOOK) -> dict[str, str]:
     """Map each generated module's file name to its source, for every notebook of the book.
 
     A module gathers, in book order, the cells of every notebook that exports to it; a module can be the default
-    (`#| default_exp`) of one notebook only.
+    (`#| default_exp`) of one notebook only. Where the book's repository has a design document, every module's
+    docstring is its job as CONTRIBUTING.md, 'Generated and hand-written code' says it; a module without a row there
+    is an error.
     """
+    contributing = book.parent / "CONTRIBUTING.md"
+    jobs = module_jobs(contributing) if contributing.is_file() else None
     parts: dict[str, list[tuple[str, str, list[str]]]] = {}
     owners: dict[str, str] = {}
     for path in sorted(book.glob("*.ipynb")):
@@ -167,7 +185,13 @@ def export_book(book: Path = BOOK) -> dict[str, str]:
             owners[default] = path.name
         for module, module_blocks in blocks.items():
             parts.setdefault(module, []).append((path.name, title, module_blocks))
-    return {f"{module}.py": _module_source(module, module_parts) for module, module_parts in parts.items()}
+    if jobs is not None:
+        for module in parts:
+            if module not in jobs:
+                raise ValueError(f"transformer_lib/{module}.py has no row in the table of generated modules of "
+                                 f"{contributing} ('Generated and hand-written code'); add one that says its job")
+    return {f"{module}.py": _module_source(module, module_parts, jobs and jobs[module])
+            for module, module_parts in parts.items()}
 
 
 def _sections(source: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from transformer_lib.embedding import (
 from transformer_lib.explorers import attention_explorer, beam_explorer
 from transformer_lib.masks import causal_mask, padding_mask, target_mask
 from transformer_lib.model import (
+    POSITIONAL_ENCODINGS,
     Decoder,
     DecoderLayer,
     Encoder,
@@ -67,6 +68,7 @@ __all__ = [
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
     "PAD_ID",
+    "POSITIONAL_ENCODINGS",
     "PositionwiseFeedForward",
     "SPECIAL_TOKENS",
     "SinusoidalPositionalEncoding",

@@ -413,9 +413,3 @@ def _run(check: str, fn: Callable[..., Any], reference: Callable[..., Any], case
         raise ExerciseGradeError(
             f"{error}\n(To run these same inputs again: {check}({name}, seed={seed}).)"
         ) from error.__cause__
-
-
-def _softmax_rows(scores: Tensor, allowed: Tensor | None = None) -> Tensor:
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1)

@@ -1,0 +1,161 @@
+"""What the records of benchmarks/ablations.py show: sacreBLEU's statistics of each run against the baseline of its
+seed, the tables that `ablations.py --summary` prints and the appendix reads, whether a run had the machine to itself
+(its minutes), and the validation curves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from transformer_lib.scoring import bootstrap_interval, paired_bootstrap
+
+from ablation_records import VARIANTS
+
+
+def baselines(records: list[dict]) -> dict[int, dict]:
+    """The baseline's runs that trained to the end, by seed: what every other run of the same seed is measured
+    against (same initial weights and batches)."""
+    return {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
+
+
+def significance(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[tuple[str, int], dict]:
+    """sacreBLEU's own statistics of each trained run's test2016 BLEU (the decoding it chose on validation), keyed by
+    (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval
+    (scoring.bootstrap_interval, n_samples resamples of the test sentences), and "p_value", the paired bootstrap test
+    (scoring.paired_bootstrap, sacreBLEU's paired_bs) of the run against the baseline of the same seed, which sees
+    the same batches; None for the baseline itself and for a seed without a baseline. sacreBLEU fixes its random
+    seed (SACREBLEU_SEED, 12345 by default), so the numbers repeat and every run is resampled alike."""
+    trained = [r for r in records if not r["diverged"]]
+    by_seed = baselines(records)
+    stats = {}
+    for run in trained:
+        hypotheses = run["test_hypotheses"]["chosen"]
+        interval = bootstrap_interval(hypotheses, references, n_bootstrap=n_samples)
+        baseline = by_seed.get(run["seed"])
+        paired = None if baseline is None or baseline is run else paired_bootstrap(
+            baseline["test_hypotheses"]["chosen"], hypotheses, references, n_bootstrap=n_samples)
+        stats[run["variant"], run["seed"]] = {"mean": interval["mean"], "ci": interval["ci"],
+                                              "p_value": None if paired is None else paired["p_value"]}
+    return stats
+
+
+def runs_table(records: list[dict], references: list[str]):
+    """A pandas DataFrame, one row per run (variants in VARIANTS' order, then seeds): its test BLEU with sacreBLEU's
+    bootstrap mean and 95% interval, its difference from the baseline of the same seed with the paired test's
+    p-value, its validation BLEU (the decoding it chose), training minutes and steps, the mean load average of the
+    machine while it trained (above the cores' count: other work shared them), and where a diverged run stopped."""
+    import pandas as pd
+
+    stats = significance(records, references)
+    baseline = baselines(records)
+    rows = []
+    for variant in VARIANTS:
+        for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
+            row = {"variant": variant, "seed": run["seed"], "diverged": run["error"] if run["diverged"] else ""}
+            if not run["diverged"]:
+                stat, base, load = stats[variant, run["seed"]], baseline.get(run["seed"]), mean_load(run)
+                row.update({
+                    "test BLEU": run["test"]["bleu"], "bootstrap mean": stat["mean"], "95% CI ±": stat["ci"],
+                    "vs baseline": run["test"]["bleu"] - base["test"]["bleu"] if base else math.nan,
+                    "paired p": math.nan if stat["p_value"] is None else stat["p_value"],
+                    "validation BLEU": run["chosen"]["valid_bleu"], "minutes": run["minutes"], "steps": run["steps"],
+                    "load": math.nan if load is None else load,
+                })
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+SHARED_LOAD = 0.5  # a mean load average more than this above the threads a run trains with: other work shared the CPU
+
+
+def mean_load(record: dict) -> float | None:
+    """The machine's mean 1-minute load average over a run's epochs; None for the first records, which have none."""
+    loads = record.get("load_average")
+    return sum(loads) / len(loads) if loads else None
+
+
+SLOW_EPOCH = 1.5  # an epoch this many times the run's median epoch: other work held a third of the CPU through it
+
+
+def slowest_epoch(record: dict) -> float | None:
+    """The run's slowest epoch over its median epoch, in training minutes. Under one seed every epoch has the same
+    batches' worth of steps, so on any machine a run alone reads close to 1; None with fewer than three epochs."""
+    ends = [0.0] + [point["minutes"] for point in record.get("curve") or []]
+    epochs = sorted(b - a for a, b in zip(ends, ends[1:]))
+    if len(epochs) < 3:
+        return None
+    return epochs[-1] / epochs[len(epochs) // 2]
+
+
+def had_the_machine(record: dict) -> bool:
+    """Whether a run's training minutes are the recipe's own. On a GPU, yes: the CPU's load does not time it. On the
+    CPU, when two things hold. The machine's mean 1-minute load average while it trained stayed within SHARED_LOAD
+    of the threads its training keeps busy (torch_threads for each of its jobs): a run alone on 2 threads reads 2.0
+    to 2.1, and half a core more, on average over the run, is other work. And no epoch took SLOW_EPOCH times the
+    run's median epoch: the load is sampled once an epoch, and a burst of other work between two samples shows only in
+    the epoch's minutes. A record without loads (the first ones) cannot tell: no."""
+    if record["device"] != "cpu":
+        return True
+    load, slowest = mean_load(record), slowest_epoch(record)
+    return (load is not None and load <= record["torch_threads"] * record["jobs"] + SHARED_LOAD
+            and (slowest is None or slowest < SLOW_EPOCH))
+
+
+def summary_table(records: list[dict]):
+    """A pandas DataFrame, one row per variant in VARIANTS' order: runs, mean and spread (max - min) over seeds. Its
+    "minutes" are the mean over the runs that had the machine to themselves (had_the_machine); "runs alone" counts
+    them."""
+    import pandas as pd
+
+    rows = []
+    for variant, (description, _) in VARIANTS.items():
+        runs = [r for r in records if r["variant"] == variant]
+        if not runs:
+            continue
+        trained = [r for r in runs if not r["diverged"]]
+        row = {"variant": variant, "what changes": description, "seeds": len(runs),
+               "diverged": len(runs) - len(trained)}
+        alone = [r for r in trained if had_the_machine(r)]
+        row["runs alone"] = len(alone)
+        for key, label in (("test", "test BLEU"), ("valid_bleu_greedy", "validation BLEU (greedy)"),
+                           ("final_valid_loss", "validation loss"), ("minutes", "minutes")):
+            values = [r[key]["bleu"] if key == "test" else r[key] for r in (alone if key == "minutes" else trained)]
+            values = [v for v in values if v is not None]
+            row[label] = sum(values) / len(values) if values else math.nan
+            row[f"{label} spread"] = max(values) - min(values) if len(values) > 1 else math.nan
+        steps = {r["steps"] for r in trained}
+        row["steps"] = steps.pop() if len(steps) == 1 else math.nan  # equal across seeds only by chance
+        rows.append(row)
+    baseline = list(baselines(records).values())
+    for label, pick in (("greedy search, final weights", lambda r: r["test_greedy_final"]),
+                        ("beam search, final weights", lambda r: r["test_beam_final"]),
+                        ("beam search, chosen weights", lambda r: r["test"]["bleu"])):
+        if baseline:
+            values = [pick(r) for r in baseline]
+            rows.append({"variant": f"baseline decoded by {label}", "what changes": "decoding only",
+                         "seeds": len(baseline), "diverged": 0, "test BLEU": sum(values) / len(values),
+                         "test BLEU spread": max(values) - min(values) if len(values) > 1 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def plot_curves(records: list[dict], ax=None):
+    """Greedy validation BLEU against steps, one line per run (its epochs that measured BLEU), a colour per variant,
+    in VARIANTS' order; a diverged run is drawn up to where it stopped, dashed. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        ax = plt.subplots(figsize=(8, 4.5))[1]
+    colours = plt.get_cmap("tab10")
+    for number, variant in enumerate(VARIANTS):
+        runs = sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"])
+        for index, run in enumerate(runs):
+            points = [(p["step"], p["valid_bleu"]) for p in run["curve"] if p.get("valid_bleu") is not None]
+            if not points:
+                continue
+            steps, bleu = zip(*points)
+            ax.plot(steps, bleu, color=colours(number % 10), linestyle="--" if run["diverged"] else "-",
+                    linewidth=1.2, label=variant if index == 0 else None)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation BLEU (greedy)")
+    ax.legend(fontsize="small", ncol=2)
+    return ax
