@@ -71,13 +71,14 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def runs_block(records: list[dict], stats: dict) -> str:
-    """One row per run, in the variants' order, then seeds; narrow enough for the book's page at 1280 px."""
+    """One row per run, in the variants' order, then seeds; narrow enough for the book's page at 1280 px, and its key
+    columns (test BLEU, the gap to the baseline, its p-value) next to the variant, on a phone's first screen."""
     baseline = ablation_tables.baselines(records)
     rows = []
     for variant in ablation_records.VARIANTS:
         for run in sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"]):
             if run["diverged"]:
-                rows.append([variant, str(run["seed"]), "diverged: " + run["error"]] + ["–"] * 5)
+                rows.append([variant, "diverged: " + run["error"], "–", "–", str(run["seed"])] + ["–"] * 3)
                 continue
             stat, base = stats[variant, run["seed"]], baseline.get(run["seed"])
             gap = "–" if base is None or base is run else f"{run['test']['bleu'] - base['test']['bleu']:+.2f}"
@@ -86,26 +87,27 @@ def runs_block(records: list[dict], stats: dict) -> str:
             weights = "final weights" if last == 1 else f"epochs {epochs - last + 1}–{epochs} averaged"
             load = ablation_tables.mean_load(run)
             load = "" if load is None else f" ({load:.1f})"
-            rows.append([variant, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
-                         _number(run["chosen"]["valid_bleu"]),
+            rows.append([variant,
                          f"{run['test']['bleu']:.2f} ({stat['mean'] - stat['ci']:.2f}–{stat['mean'] + stat['ci']:.2f})",
-                         gap, p, _number(run["minutes"], 1) + load])
-    header = ["variant", "seed", "decoding", "validation BLEU", "test BLEU (95% interval)", "vs baseline", "paired p",
+                         gap, p, str(run["seed"]), f"α {run['chosen']['alpha']}, {weights}",
+                         _number(run["chosen"]["valid_bleu"]), _number(run["minutes"], 1) + load])
+    header = ["variant", "test BLEU (95% interval)", "vs baseline", "paired p", "seed", "decoding", "validation BLEU",
               "minutes (load)"]
     return markdown_table(header, rows)
 
 
 def summary_block(records: list[dict]) -> str:
-    """One row per variant: seeds, mean test BLEU and its spread over seeds, greedy validation BLEU, minutes."""
+    """One row per variant: mean test BLEU and its spread over seeds (the key columns first), seeds, greedy validation
+    BLEU, minutes."""
     table = ablation_tables.summary_table(records)
     rows = []
     for _, row in table.iterrows():
-        rows.append([row["variant"], str(int(row["seeds"])), str(int(row["diverged"])),
-                     _number(row["test BLEU"]), _number(row["test BLEU spread"]),
+        rows.append([row["variant"], _number(row["test BLEU"]), _number(row["test BLEU spread"]),
+                     str(int(row["seeds"])), str(int(row["diverged"])),
                      _number(row.get("validation BLEU (greedy)")),
                      "–" if math.isnan(row.get("runs alone", math.nan))  # a row on decoding: no training of its own
                      else f"{_number(row['minutes'], 1)} ({int(row['runs alone'])} of {int(row['seeds'])})"])
-    header = ["variant", "runs", "diverged", "test BLEU (mean over seeds)", "spread (max − min)",
+    header = ["variant", "test BLEU (mean over seeds)", "spread (max − min)", "runs", "diverged",
               "validation BLEU, greedy", "minutes, machine to itself (runs)"]
     return markdown_table(header, rows)
 

@@ -12,6 +12,8 @@ environment variables at copies fetched with `npm pack` (.ci/run shows how) and 
 CONTRIBUTING.md, 'Interactive figures' says where the pages get this JavaScript.
 """
 
+import contextlib
+import fcntl
 import functools
 import json
 import mimetypes
@@ -43,10 +45,25 @@ def local_mathjax() -> str | None:
     package = FETCHED / "package"
     if not (package / "es5" / "tex-mml-chtml.js").is_file() and shutil.which("npm") and (BUILD / "html").is_dir():
         try:
-            _npm_unpack("mathjax@3", FETCHED, "package")
+            with _fetching():
+                if not (package / "es5" / "tex-mml-chtml.js").is_file():  # another process may have fetched it
+                    _npm_unpack("mathjax@3", FETCHED, "package")
         except (OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
             return None
     return str(package) if (package / "es5" / "tex-mml-chtml.js").is_file() else None
+
+
+@contextlib.contextmanager
+def _fetching():
+    """Held while a copy is fetched: under pytest-xdist the browser tests and the explorers' tests may ask at once,
+    and two npm runs unpacking into one folder would collide."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / ".npm-fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _npm_unpack(spec: str, folder: Path, name: str) -> None:
@@ -74,9 +91,10 @@ def local_vega() -> str | None:
             import altair
 
             versions = (altair.VEGA_VERSION, altair.VEGALITE_VERSION, altair.VEGAEMBED_VERSION)
-            for name, version in zip(names, versions):
-                if not (FETCHED_VEGA / name / "package.json").is_file():
-                    _npm_unpack(f"{name}@{version.lstrip('v')}", FETCHED_VEGA, name)
+            with _fetching():
+                for name, version in zip(names, versions):
+                    if not (FETCHED_VEGA / name / "package.json").is_file():  # nor fetched by another process
+                        _npm_unpack(f"{name}@{version.lstrip('v')}", FETCHED_VEGA, name)
         except (ImportError, OSError, subprocess.SubprocessError, ValueError, tarfile.TarError):
             return None
     return str(FETCHED_VEGA) if all((FETCHED_VEGA / name / "package.json").is_file() for name in names) else None

@@ -194,10 +194,19 @@ def test_attention_explorer_page_weight():
 
 needs_chromium = pytest.mark.skipif(offline_cdn.CHROMIUM is None,
                                     reason="Chromium is not installed (Debian: apt-get install chromium)")
-needs_vega = pytest.mark.skipif(not offline_cdn.VEGA,
-                                reason="TRANSFORMER_BOOK_VEGA must name local npm copies of Vega, Vega-Lite and "
-                                       "Vega-Embed (.ci/run shows how, with `npm pack`): this test lets no request "
-                                       "through")
+
+
+@pytest.fixture(scope="module")
+def vega_copies():
+    """The local npm copies of Vega, Vega-Lite and Vega-Embed that the charts' CDN requests are answered from:
+    TRANSFORMER_BOOK_VEGA, or those the browser tests fetched into book/_build/vega, or fetched there now with npm."""
+    offline_cdn.VEGA = offline_cdn.local_vega()
+    if not offline_cdn.VEGA:
+        pytest.skip("no local copies of Vega, Vega-Lite and Vega-Embed: set TRANSFORMER_BOOK_VEGA (.ci/run shows how, "
+                    "with `npm pack`) or install npm, which fetches them: this test lets no request through")
+
+
+needs_vega = pytest.mark.usefixtures("vega_copies")
 
 
 def open_chart(browser, chart, path):

@@ -6,8 +6,10 @@ the validation sweep of chapter 8. Every loss, score and translation is compared
 recorded before the refactor by `python tests/test_golden_tiny.py --record`.
 
 Floating-point sums depend on the CPU's instructions, the thread count and torch's kernels, so the comparison is exact
-only where those match the recording's (`machine()`); elsewhere the test skips and says how to record the fixture on
-that machine (before changing the code, from the commit the refactor starts at).
+only where those match the recording's (`machine()`). The thread count the test sets itself, to the recording's, for
+the run and no longer (pytest-xdist's workers start with one thread each, conftest.py); where the CPU, torch or Python
+differ the test skips and says how to record the fixture on that machine (before changing the code, from the commit
+the refactor starts at).
 """
 
 import json
@@ -68,12 +70,19 @@ def test_the_tiny_presets_numbers_are_those_recorded_before_the_refactor(tmp_pat
     if not (DATA / "multi30k" / "train.jsonl").is_file():
         pytest.skip(f"the offline Multi30k copy is not at {DATA}")
     golden = json.loads(FIXTURE.read_text(encoding="utf-8"))
-    if golden["machine"] != machine():
-        pytest.skip(f"recorded on {golden['machine']}, and this is {machine()}: floating-point sums differ between "
+    here = dict(machine(), threads=golden["machine"]["threads"])  # the thread count is set below, not compared
+    if golden["machine"] != here:
+        pytest.skip(f"recorded on {golden['machine']}, and this is {here}: floating-point sums differ between "
                     f"machines; to check a refactor here, record the fixture first from the commit it starts at "
                     f"(python tests/test_golden_tiny.py --record)")
     monkeypatch.setenv("TRANSFORMER_LIB_DATA", str(DATA))
-    now = json.loads(json.dumps(run(tmp_path / "run")))  # tuples as lists, as in the file
+    threads = torch.get_num_threads()
+    torch.set_num_threads(golden["machine"]["threads"])  # the recording's: reductions split as they were then
+    try:
+        assert torch.get_num_threads() == golden["machine"]["threads"]
+        now = json.loads(json.dumps(run(tmp_path / "run")))  # tuples as lists, as in the file
+    finally:
+        torch.set_num_threads(threads)
     for key in ("history", "validation", "steps", "decodes", "sweep"):
         assert now[key] == golden[key], key
 

@@ -132,58 +132,77 @@ SHARED = (figure, canvas, box, arrow, text, cell)  # their source is part of eve
 
 
 # ---- the landing page ----
+# A figure drawn for a phone as well as a desktop keeps its smallest text, MIN_TEXT_PT, at least 8 CSS px
+# (tests/test_browser.py, MIN_TEXT_PX) when it is shown 342 px wide, the text column of a 390 px phone. A figure W
+# inches wide is shown at 342 / (72 W) px per point there, so W <= MIN_TEXT_PT * 342 / (72 * 8) = 5.3 inches for text
+# of 9 points: the diagrams that carry much text are drawn in one narrow column (the book shows them at most
+# 560 px wide on a desktop), not across the page.
+MIN_TEXT_PT = 9
+
+
 @figure("roadmap.svg")
 def roadmap() -> plt.Figure:
     """The chapters against what they build: Part I's pieces of the model, Part II's training, translator and maps."""
-    fig, ax = canvas(10.0, 4.9)
-    w, h, gap = 1.42, 0.98, 0.18
-    text(ax, 0.3, 4.55, "Part I — the pieces of the model (transformer_lib)", weight="bold", size=10.5, ha="left",
-         color=BLUE)
     part_one = [
-        ("1", "text → tensors", "BPE tokens, ids,\npadding, embeddings", ORANGE),
-        ("2", "positions", "sinusoidal\nencodings", ORANGE),
+        ("1", "text → tensors", "BPE tokens, ids, padding, embeddings", ORANGE),
+        ("2", "positions", "sinusoidal encodings", ORANGE),
         ("3", "attention", "softmax(QKᵀ/√d_k) V", BLUE),
-        ("4", "masks", "padding and\ncausal masks", BLUE),
-        ("5", "multi-head", "h heads in parallel,\nthen one projection", BLUE),
-        ("6", "the model", "encoder–decoder,\n= nn.Transformer", PURPLE),
+        ("4", "masks", "padding and causal masks", BLUE),
+        ("5", "multi-head", "h heads in parallel, one projection", BLUE),
+        ("6", "the model", "encoder–decoder, = nn.Transformer", PURPLE),
     ]
-    y1 = 3.25
-    for i, (number, title, what, color) in enumerate(part_one):
-        x = 0.3 + i * (w + gap)
-        box(ax, x, y1, w, h, "", color=color)
-        text(ax, x + w / 2, y1 + h - 0.22, f"{number}  {title}", size=9, weight="bold")
-        text(ax, x + w / 2, y1 + 0.33, what, size=7.8, color=INK)
-        if i:
-            arrow(ax, (x - gap + 0.01, y1 + h / 2), (x - 0.01, y1 + h / 2))
-    text(ax, 0.3, 2.72, "Part II — training it and looking inside", weight="bold", size=10.5, ha="left", color=RED)
     part_two = [
-        ("7", "training on a toy task", "teacher forcing, label smoothing,\nwarm-up, greedy decoding (CPU, 1 min)",
+        ("7", "training on a toy task", "teacher forcing, label smoothing, warm-up,\ngreedy decoding (CPU, 1 min)",
          GREEN),
-        ("8", "a German→English translator", "Multi30k, beam search, KV cache;\ntest BLEU 37.5 on a 2-core CPU",
-         RED),
+        ("8", "a German→English translator", "Multi30k, beam search, KV cache;\ntest BLEU 37.5 on a 2-core CPU", RED),
         ("9", "attention heatmaps", "what the trained heads look at:\nalignments, every head, ablation", RED),
     ]
-    w2, y2 = 2.95, 1.45
-    for i, (number, title, what, color) in enumerate(part_two):
-        x = 0.3 + i * (w2 + 0.22)
-        box(ax, x, y2, w2, h, "", color=color)
-        text(ax, x + w2 / 2, y2 + h - 0.22, f"{number}  {title}", size=9, weight="bold")
-        text(ax, x + w2 / 2, y2 + 0.33, what, size=7.8)
+    width, left, gap = 5.2, 0.25, 0.13
+    right = width - left
+    h1, h2 = 0.38, 0.74  # a row of Part I (title and what, one line), of Part II (title, then two lines)
+    height = 0.5 + 0.4 + len(part_one) * (h1 + gap) + 0.75 + len(part_two) * (h2 + gap) + 1.15
+    fig, ax = canvas(width, height)
+    y = height - 0.38
+    text(ax, left, y, "Part I — the pieces of the model (transformer_lib)", weight="bold", size=10.5, ha="left",
+         color=BLUE)
+    y -= 0.3
+    for i, (number, title, what, color) in enumerate(part_one):
+        y -= h1
+        box(ax, left, y, right - left, h1, "", color=color)
+        text(ax, left + 0.12, y + h1 / 2, f"{number}  {title}", size=9.5, weight="bold", ha="left")
+        text(ax, left + 1.55, y + h1 / 2, what, size=MIN_TEXT_PT, ha="left")
         if i:
-            arrow(ax, (x - 0.21, y2 + h / 2), (x - 0.01, y2 + h / 2))
-    end_of_six = 0.3 + 5 * (w + gap) + w / 2
-    arrow(ax, (end_of_six, y1 - 0.02), (0.3 + w2 - 0.4, y2 + h + 0.02), rad=-0.1, color=PURPLE, lw=1.5)
-    text(ax, 9.6, 2.55, "chapter 6's model is the one\nthat Part II trains", size=8, color=PURPLE, ha="right")
-    text(ax, 0.3, 0.95, "Appendices", weight="bold", size=9.5, ha="left", color=MUTED)
-    text(ax, 0.3, 0.55, "common bugs and the tests that catch them · performance, measured · scaling out with "
-         "torchrun · opus_books, BPE vs words · PyTorch Lightning", size=8, ha="left", color=MUTED)
+            arrow(ax, (left + 0.3, y + h1 + gap), (left + 0.3, y + h1), shrink=0.5)
+        y -= gap
+    end_of_six = y + gap
+    y -= 0.75
+    text(ax, left, y + 0.12, "Part II — training it and looking inside", weight="bold", size=10.5, ha="left",
+         color=RED)
+    y -= 0.1
+    for i, (number, title, what, color) in enumerate(part_two):
+        y -= h2
+        box(ax, left, y, right - left, h2, "", color=color)
+        text(ax, left + 0.12, y + h2 - 0.17, f"{number}  {title}", size=9.5, weight="bold", ha="left")
+        text(ax, left + 0.42, y + 0.27, what, size=MIN_TEXT_PT, ha="left")
+        if i:
+            arrow(ax, (left + 0.3, y + h2 + gap), (left + 0.3, y + h2), shrink=0.5)
+        else:
+            start_of_seven = y + h2
+        y -= gap
+    arrow(ax, (right - 0.3, end_of_six), (right - 0.3, start_of_seven), color=PURPLE, lw=1.5, shrink=0.5)
+    text(ax, right - 0.42, end_of_six - 0.2, "chapter 6's model is the one Part II trains", size=MIN_TEXT_PT,
+         color=PURPLE, ha="right", va="center")
+    text(ax, left, y - 0.08, "Appendices", weight="bold", size=9.5, ha="left", color=MUTED)
+    text(ax, left, y - 0.62, "common bugs and the tests that catch them ·\nperformance, measured · scaling out with "
+         "torchrun ·\nopus_books, BPE against words · PyTorch Lightning", size=MIN_TEXT_PT, ha="left", color=MUTED)
     return fig
 
 
 # ---- chapter 1 ----
 @figure("text_to_tensors.svg", deps=(tl.pad_batch, tl.TokenEmbedding))
 def text_to_tensors() -> plt.Figure:
-    """Two sentences -> tokens with <bos>/<eos> -> ids -> a padded (B, L) batch -> embedding rows (B, L, d_model)."""
+    """Two sentences -> tokens with <bos>/<eos> -> ids -> a padded (B, L) batch -> embedding rows (B, L, d_model),
+    each token's id and embedding column drawn under it."""
     sentences = ["Ein Hund läuft .", "Zwei Kinder spielen im Park ."]
     words = sorted({w for s in sentences for w in s.split()})
     vocab = {t: i for i, t in enumerate([*tl.SPECIAL_TOKENS, *words])}
@@ -196,49 +215,46 @@ def text_to_tensors() -> plt.Figure:
         rows = embed(batch)  # (B, L, d_model)
     B, L = batch.shape
     d_model = rows.size(-1)
-    fig, ax = canvas(11.6, 4.2)
-    tx, kx, ix, ex = 0.3, 2.3, 6.45, 9.1  # x of the text, tokens, ids and embedding columns
-    tw, cw, ew, eh = 0.44, 0.28, 0.24, 0.09  # token box, id cell and embedding cell sizes
-    heads = ["text", "tokens", "ids: padded batch (B, L)", "embedding (B, L, d_model)"]
-    for x, head in zip((tx, kx, ix, ex), heads):
-        text(ax, x, 3.8, head, size=10, ha="left", weight="bold")
+    x0, col, tw = 0.82, 0.54, 0.51  # where the token columns start, one column's width, a token box's width
+    cw, eh = 0.3, 0.09  # an id cell's width, an embedding cell's height
+    block = 1.95  # the height of one sentence's rows
+    fig, ax = canvas(x0 + L * col + 0.15, 2 * block + 1.75)
     scale = float(rows.abs().max())
     for b, sentence in enumerate(sentences):
-        y = 2.85 - b * 1.25  # centre line of this sentence
-        box(ax, tx, y - 0.22, 1.75, 0.44, f"“{sentence}”", color=BROWN, size=8)
+        top = 2 * block + 1.6 - b * block  # the top of this sentence's rows
+        labels = (("text", top - 0.16), ("tokens", top - 0.55), ("ids", top - 0.92),
+                  ("embedding", top - 1.1 - d_model * eh / 2))
+        for label, y in labels:
+            text(ax, 0.2, y, label, size=MIN_TEXT_PT, ha="left", color=MUTED)
+        box(ax, x0, top - 0.3, 2.3, 0.28, f"“{sentence}”", color=BROWN, size=MIN_TEXT_PT)
         tokens = token_lists[b] + ["<pad>"] * (L - len(token_lists[b]))
         for t, token in enumerate(tokens):
+            x = x0 + t * col  # this token's column
             pad = token == "<pad>"
-            box(ax, kx + t * (tw + 0.04), y - 0.15, tw, 0.3, token, color=EDGE if pad else ORANGE,
-                fill=OFF if pad else None, size=6.5, text_color=MUTED if pad else INK, round_=0.05)
+            box(ax, x, top - 0.69, tw, 0.28, token, color=EDGE if pad else ORANGE, fill=OFF if pad else None,
+                size=MIN_TEXT_PT, text_color=MUTED if pad else INK, round_=0.05)
             is_pad = int(batch[b, t]) == tl.PAD_ID
-            cell(ax, ix + t * cw, y - cw / 2, cw, cw, OFF if is_pad else LIGHT[BLUE], str(int(batch[b, t])),
-                 size=7.5, text_color=MUTED if is_pad else INK)
+            cell(ax, x + (tw - cw) / 2, top - 1.07, cw, 0.28, OFF if is_pad else LIGHT[BLUE], str(int(batch[b, t])),
+                 size=MIN_TEXT_PT, text_color=MUTED if is_pad else INK)
             for d in range(d_model):  # one column of d_model numbers per token: blue > 0, orange < 0
                 v = float(rows[b, t, d]) / scale
                 rgb = matplotlib.colors.to_rgb(BLUE if v >= 0 else ORANGE)
-                ax.add_patch(Rectangle((ex + t * (ew + 0.03), y + d_model * eh / 2 - (d + 1) * eh), ew, eh,
+                ax.add_patch(Rectangle((x + (tw - cw) / 2, top - 1.15 - (d + 1) * eh), cw, eh,
                                        facecolor=tuple(1 - abs(v) * (1 - c) for c in rgb), edgecolor=EDGE,
                                        linewidth=0.4))
-        arrow(ax, (tx + 1.78, y), (kx - 0.05, y))
-        arrow(ax, (kx + L * (tw + 0.04), y), (ix - 0.05, y))
-        arrow(ax, (ix + L * cw + 0.03, y), (ex - 0.05, y))
-    text(ax, tx, 0.55, f"B = {B} sentences, padded to L = {L} tokens;\n<bos> and <eos> mark start and end",
-         size=8.5, color=MUTED, ha="left")
-    text(ax, ix, 0.55, f"<pad> has id {tl.PAD_ID}, <bos> {tl.BOS_ID},\n<eos> {tl.EOS_ID}", size=8.5, color=MUTED,
-         ha="left")
-    text(ax, ex, 0.85, f"d_model = {d_model} numbers per token;\nthe <pad> column is zero", size=8.5,
-         color=MUTED, ha="left")
-    key_y = 0.42  # the colour key of the embedding columns
+    text(ax, 0.2, 1.0, f"B = {B} sentences, padded to L = {L} tokens; <bos> and <eos>\nmark start and end; "
+         f"<pad> has id {tl.PAD_ID}, <bos> {tl.BOS_ID}, <eos> {tl.EOS_ID};\nd_model = {d_model} numbers per token, "
+         f"and the <pad> columns are zero", size=MIN_TEXT_PT, color=MUTED, ha="left")
+    key_y = 0.3  # the colour key of the embedding columns
     for k, (colour, label) in enumerate(((BLUE, "> 0"), (ORANGE, "< 0"))):
-        x0 = ex + k * 1.15
+        x = 0.2 + k * 1.1
         for shade in range(3):
             level = (shade + 1) / 3
             rgb = matplotlib.colors.to_rgb(colour)
-            ax.add_patch(Rectangle((x0 + shade * 0.18, key_y - 0.08), 0.18, 0.16,
+            ax.add_patch(Rectangle((x + shade * 0.18, key_y - 0.08), 0.18, 0.16,
                                    facecolor=tuple(1 - level * (1 - c) for c in rgb), edgecolor=EDGE, linewidth=0.4))
-        text(ax, x0 + 0.6, key_y, label, size=8.5, ha="left")
-    text(ax, ex, 0.16, "a deeper colour: a larger |value|", size=8, color=MUTED, ha="left")
+        text(ax, x + 0.6, key_y, label, size=MIN_TEXT_PT, ha="left")
+    text(ax, 2.45, key_y, "a deeper colour: a larger |value|", size=MIN_TEXT_PT, color=MUTED, ha="left")
     return fig
 
 
