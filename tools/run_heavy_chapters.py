@@ -22,11 +22,12 @@ No cell may store an error; an untouched exercise stub prints one line ("Exercis
 
 --into DIR copies book/ (without _build/ and runs/) into DIR, a new or empty folder outside book/, and runs the
 chapters there: the book's notebooks and book/runs/ are not touched, and chapter 8's scoreboard record stays in the
-copy (its ../benchmarks/results does not exist there). tools/gpu_kit.py runs the chapters on a GPU that way. Only
-into a copy may TRANSFORMER_BOOK_SMOKE be set (a rehearsal: its outputs never reach the book, and the smoke markers
-they hold are not checked). --cell-times FILE rewrites FILE (JSON, atomically) after every cell: for each chapter,
+copy (its ../benchmarks/results does not exist there). A copy this tool made (it holds COPY_MARK) is used again as it
+is, so that chapter 9 can run after chapter 8 in a call of its own and read chapter 8's run there. tools/gpu_kit.py
+runs the chapters on a GPU that way. Only into a copy may TRANSFORMER_BOOK_SMOKE be set (a rehearsal: its outputs
+never reach the book, and the smoke markers they hold are not checked). --cell-times FILE rewrites FILE (JSON, atomically) after every cell: for each chapter,
 each code cell's index, first line and seconds, and the chapter's wall time once it ends, so that a run stopped
-part-way still tells where its time went.
+part-way still tells where its time went (a file that exists is added to: chapter by chapter).
 """
 
 from __future__ import annotations
@@ -174,10 +175,13 @@ def set_provenance(notebook, note: str) -> None:
 
 
 class CellTimes:
-    """The seconds of each executed code cell, per chapter, rewritten to a JSON file after every cell."""
+    """The seconds of each executed code cell, per chapter, rewritten to a JSON file after every cell (the chapters
+    an existing file holds are kept)."""
 
     def __init__(self, path: Path | None):
         self.path, self.chapters = path, {}
+        if path is not None and path.is_file():
+            self.chapters = json.loads(path.read_text(encoding="utf-8"))
 
     def start(self, chapter: str) -> None:
         self.chapters[chapter] = {"cells": [], "wall_seconds": None, "finished": False}
@@ -282,17 +286,24 @@ def check(paths: list[Path]) -> list[str]:
     return problems
 
 
+COPY_MARK = ".copy-of-the-book"  # in a copy that make_copy made
+
+
 def make_copy(into: Path) -> Path:
-    """Copy book/ into `into` (new, or an empty folder outside book/), without its build and runs; return the copy."""
+    """Copy book/ into `into` (new, or an empty folder outside book/), without its build and runs; return the copy.
+    A copy that make_copy made earlier is returned as it is, with what earlier runs left in it."""
     into = into.resolve()
     if into == BOOK or BOOK in into.parents:
         raise ValueError(f"--into {str(into)!r} is inside book/; give a folder outside it, so that the book's "
                          f"notebooks stay as they are")
+    if into.is_dir() and not into.is_symlink() and (into / COPY_MARK).is_file():
+        return into
     if into.is_symlink() or (into.exists() and (not into.is_dir() or any(into.iterdir()))):
         raise ValueError(f"--into {str(into)!r} exists and is not an empty folder; give a new folder (nothing is "
                          f"overwritten)")
     into.mkdir(parents=True, exist_ok=True)
     shutil.copytree(BOOK, into, dirs_exist_ok=True, ignore=shutil.ignore_patterns("_build", "runs"))
+    (into / COPY_MARK).write_text("a copy of book/ made by tools/run_heavy_chapters.py --into\n", encoding="utf-8")
     return into
 
 
@@ -315,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         if path.name not in HEAVY_CHAPTERS or not path.is_file():
             parser.error(f"chapter {path.name!r} is not one of the heavy chapters {HEAVY_CHAPTERS}")
+    if (args.into or args.cell_times) and (args.check or args.notes):
+        parser.error("--into and --cell-times run the chapters; they do not go with --check or --notes")
     if args.check:
         problems = check(paths)
         print("\n".join(problems) or "the stored runs match their notebooks")
@@ -331,8 +344,6 @@ def main(argv: list[str] | None = None) -> int:
             nbformat.write(notebook, path)
             print(f"{path.name}: note rewritten from the run of {record['date']}")
         return 0
-    if (args.into or args.cell_times) and (args.check or args.notes):
-        parser.error("--into and --cell-times run the chapters; they do not go with --check or --notes")
     smoke = bool(os.environ.get("TRANSFORMER_BOOK_SMOKE"))
     if smoke and args.into is None:
         parser.error("TRANSFORMER_BOOK_SMOKE is set: this tool stores full runs only; unset it (or run into a copy "
