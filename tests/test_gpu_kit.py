@@ -176,10 +176,37 @@ def test_each_test_case_becomes_a_result_with_its_error(tmp_path):
 def test_results_keep_records_and_notebooks_not_weights():
     keep = gpu_kit.keep_in_results
     assert keep(Path("multi30k/history.json")) and keep(Path("scoreboard/multi30k-cuda.json"))
-    assert keep(Path("book/08_translation.ipynb")) and keep(Path("book/runs/multi30k-de-en/scoreboard/x.json"))
+    assert keep(Path("chapters/08_translation.ipynb")) and keep(Path("chapters/scoreboard/multi30k-cuda.json"))
     assert not keep(Path("multi30k/checkpoint.pt")) and not keep(Path("multi30k/epoch-020.pt"))
-    assert not keep(Path("book/01_text_to_tensors.ipynb")) and not keep(Path("book/runs/multi30k-de-en/tokenizer.json"))
+    assert not keep(Path("book/08_translation.ipynb")) and not keep(Path("book/runs/multi30k-de-en/tokenizer.json"))
     assert not keep(Path("ablation-runs/x/run/history.json")) and not keep(Path("multi30k/.lock"))
+
+
+def test_only_the_notebooks_executed_in_the_copy_are_kept(tmp_path):
+    copy = run_heavy_chapters.make_copy(tmp_path / "book")
+    gpu_kit.keep_chapters(tmp_path)
+    assert not (tmp_path / "chapters").exists()  # chapter 8's stored run, as the book has it: not this run's
+    notebook = json.loads((copy / "09_attention_heatmaps.ipynb").read_text())
+    notebook["metadata"]["transformer_book"]["run"]["started_utc"] = "2026-11-28T00:00:00+00:00"  # as a run rewrites
+    (copy / "09_attention_heatmaps.ipynb").write_text(json.dumps(notebook))
+    (copy / "runs" / "smoke-de-en" / "scoreboard").mkdir(parents=True)
+    (copy / "runs" / "smoke-de-en" / "scoreboard" / "tiny-cpu.json").write_text("{}")
+    gpu_kit.keep_chapters(tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "chapters").rglob("*.*")) == [
+        "chapters/09_attention_heatmaps.ipynb", "chapters/scoreboard/tiny-cpu.json"]
+
+
+def test_on_resume_each_file_goes_back_only_with_its_group():
+    assert [gpu_kit.owner(name) for name in (
+        "tests.xml", "multi30k/history.json", "scoreboard/multi30k-cuda.json", "multi30k-fp16/history.json",
+        "benchmarks/gpu-base-bf16-compile.json", "benchmarks/rehearsal-small-bf16.json",
+        "chapters/08_translation.ipynb", "chapters/scoreboard/multi30k-cuda.json", "chapters/09_attention_heatmaps.ipynb", "cell-times.json",
+        "ablations/baseline-seed0.json")] == [
+        "tests", "multi30k", "multi30k", "t4", "base-bf16-compile", "small-bf16", "chapter-8", "chapter-8",
+        "chapter-9", None, None]
+    groups = {check.group for stage in gpu_kit.STAGES
+              for check in gpu_kit.stage_checks(stage, Path("W"), False, kit_options())}
+    assert {"tests", "multi30k", "t4", "base-bf16-compile", "small-bf16", "chapter-8", "chapter-9"} <= groups
 
 
 def test_the_chapters_run_into_a_copy_only(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ every check the stage rewrites, each atomically, the files of DIR, and nothing e
   DIR/summary.json   the machine (GPU, torch, CUDA), the stage, and per check: passed, seconds, limit, error, facts
   DIR/summary.txt    the same for people
   DIR/log.txt        every command and its output, appended as it runs (a stage killed from outside keeps it)
-  DIR/results.tar.gz what the checks wrote: run records, scoreboard and benchmark JSON, notebooks, ablation records
+  DIR/results.tar.gz what the checks wrote: run records, scoreboard and benchmark JSON, executed notebooks and cell
+                     times, ablation records and logs (never weights: checkpoints stay on the machine)
 
 so a stage cut short, or killed at its limit, leaves what it finished packed: four files, no folder below DIR.
 
@@ -327,9 +328,38 @@ def keep_in_results(relative: Path) -> bool:
     parts = set(relative.parts)
     if parts & {"__pycache__", ".ipynb_checkpoints", "ablation-runs", "_build"} or relative.name.startswith("."):
         return False
-    if relative.parts[0] == "book" and relative.name not in HEAVY and "scoreboard" not in parts:
-        return False  # the copy of the book: its two executed notebooks and chapter 8's scoreboard record only
+    if relative.parts[0] == "book":
+        return False  # the copy of the book: what it produced is copied into chapters/ (keep_chapters)
     return relative.suffix not in (".pt", ".lock", ".tmp")
+
+
+def owner(relative: str) -> str | None:
+    """The group of checks that wrote a file of the results; None for a file that several groups add to."""
+    if relative == "tests.xml":
+        return "tests"
+    if relative.startswith(("multi30k/", "scoreboard/")):
+        return "multi30k"
+    if relative.startswith("multi30k-fp16/"):
+        return "t4"
+    if relative.startswith("benchmarks/"):
+        return relative.split("/", 1)[1].split("-", 1)[1].removesuffix(".json")  # gpu-small-bf16.json: small-bf16
+    if relative.startswith("chapters/"):
+        return "chapter-9" if relative.startswith(f"chapters/{HEAVY[1]}") else "chapter-8"
+    return None  # cell-times.json, the ablation records and logs
+
+
+def keep_chapters(work: Path) -> None:
+    """Copy the notebooks executed here (no longer the book's: their run record is new) and chapter 8's scoreboard
+    record out of the copy of the book into chapters/, which the results keep."""
+    kept = work / "chapters"
+    for name in HEAVY:
+        path = work / "book" / name
+        if path.is_file() and path.read_bytes() != (ROOT / "book" / name).read_bytes():
+            kept.mkdir(exist_ok=True)
+            shutil.copyfile(path, kept / name)
+    for record in (work / "book" / "runs").glob("*/scoreboard/*.json"):
+        (kept / "scoreboard").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(record, kept / "scoreboard" / record.name)
 
 
 def summary_text(report: dict) -> str:
@@ -498,15 +528,16 @@ def open_out(out: Path, stage: str, resume: bool, parser: argparse.ArgumentParse
 
 def resume_from(previous: dict, out: Path, work: Path) -> tuple[set[str], list[dict]]:
     """Unpack the earlier results into work; return the groups whose checks all passed, and those checks."""
-    archive = out / "results.tar.gz"
-    if archive.is_file():
-        with tarfile.open(archive) as tar:
-            tar.extractall(work, filter="data")
     groups: dict[str, list[dict]] = {}
     for result in previous.get("checks", []):
         groups.setdefault(result["group"], []).append(result)
     done = {group for group, results in groups.items() if all(r["passed"] is not False for r in results)
             and not any(r["error"] and r["error"].startswith(("not reached", "not run")) for r in results)}
+    archive = out / "results.tar.gz"
+    if archive.is_file():  # the files of the groups kept, and those that several groups add to
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if owner(m.name) in done or owner(m.name) is None]
+            tar.extractall(work, members=members, filter="data")
     kept = [{**r, "kept_from": r.get("kept_from") or previous.get("date")} for r in previous.get("checks", [])
             if r["group"] in done]
     return done, kept
@@ -580,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
            if key not in ("TRANSFORMER_BOOK_SMOKE", "TRANSFORMER_LIB_AUTOCAST")}  # each check sets what it needs
     env.update(TRANSFORMER_LIB_DATA=str(data_folder(args.data, parser)), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONUNBUFFERED="1")
+    # this checkout's transformer_lib for every child (the scripts in benchmarks/ and tools/, the notebooks' kernels):
+    # the GPU machine has it installed nowhere
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     provide_modules(tuple(dict.fromkeys(BASE_MODULES + modules)), env, args.wheels)
     previous = open_out(args.out, args.stage, args.resume, parser)
     with tempfile.TemporaryDirectory(prefix=f"gpu_kit_{args.stage}_") as scratch:
@@ -618,8 +652,10 @@ def run_stage(stage: Stage, args: argparse.Namespace, work: Path, done: set[str]
             stage.run(check)
             test_results(work / "tests.xml", stage)
         elif args.stage == "2":
-            stage.run(check, on_tick=stage.write)
+            stage.run(check, on_tick=lambda: (keep_chapters(work), stage.write()))
+            keep_chapters(work)
             chapter_results(work, stage, check.group)
+            stage.write()
         elif args.stage == "3":
             ablations = work / "ablations"
             ablations.mkdir(exist_ok=True)
