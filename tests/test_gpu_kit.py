@@ -123,6 +123,15 @@ def test_bad_arguments_are_refused_naming_them(tmp_path, fake_data):
     assert not (tmp_path / "out").exists()
 
 
+def test_no_ablation_run_starts_that_could_not_finish_in_the_stage(tmp_path, fake_data):
+    out = tmp_path / "out"
+    done = kit("--stage", "3", "--rehearse", "--limit", "60", "--run-minutes", "5", "--data", str(fake_data),
+               "--out", str(out))
+    assert done.returncode == 0, done.stderr  # nothing failed: nothing could be run
+    [check] = summary(out)["checks"]
+    assert check["passed"] is None and check["error"].startswith("not run: less than --run-minutes 5 is left")
+
+
 def test_a_stage_at_its_limit_keeps_what_it_finished_packed(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir(), work.mkdir()

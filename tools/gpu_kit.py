@@ -178,7 +178,7 @@ def stage_checks(stage: str, work: Path, rehearse: bool, options: argparse.Names
         sizes = ["--preset", "tiny", "--train-limit", "300", "--epochs", "1", "--alpha", "1.0", "--max-len", "20"] \
             if rehearse else []
         limit = 600 if rehearse else 450
-        stop_after = max(0.0, (limit - options.run_minutes * 60) / 60)
+        stop_after = max(0.01, (limit - options.run_minutes * 60) / 60)  # set again from the time left
         return [Check("ablation sweep", [
             py, "benchmarks/ablations.py", "--out", str(records), "--seeds", "0", "1", "--jobs", str(options.jobs),
             "--stop-after", f"{stop_after:.2f}", "--work", str(work / "ablation-runs"), *sizes], limit,
@@ -407,7 +407,7 @@ def chapter_results(work: Path, stage: Stage, group: str) -> None:
         if not chapter.startswith(f"0{group[-1]}_"):
             continue
         cells = sorted(timing["cells"], key=lambda cell: -cell["seconds"])
-        stage.add(f"chapter {chapter}: {'executed in full' if timing['finished'] else 'stopped part-way'}",
+        stage.add(f"chapter {chapter}: {'ran to its end' if timing['finished'] else 'stopped part-way'}",
                   group, timing["finished"], timing["wall_seconds"] or 0.0,
                   None if timing["finished"] else f"stopped after {len(timing['cells'])} code cells",
                   {"code_cells_run": len(timing["cells"]), "slowest_cells": cells[:5]})
@@ -669,6 +669,12 @@ def run_stage(stage: Stage, args: argparse.Namespace, work: Path, done: set[str]
             earlier, known = {path.name for path in ablations.glob("*-seed*.json")}, set()
             stage.extra_facts["ablation_records_before"] = len(earlier)
             ablation_results(ablations, stage, known, earlier)
+            spare = stage.left() - args.run_minutes * 60  # seconds in which a run may still start and finish
+            if spare <= 0:
+                stage.record(check, None, 0.0, 0, f"not run: less than --run-minutes {args.run_minutes:g} is left "
+                                                  f"of the stage ({stage.left():.0f} s), so no run could finish")
+                continue
+            check.command[check.command.index("--stop-after") + 1] = f"{max(0.01, spare / 60):.2f}"
 
             def tick():
                 ablation_results(ablations, stage, known, earlier)
