@@ -209,8 +209,8 @@ def test_on_resume_each_file_goes_back_only_with_its_group():
     assert [gpu_kit.owner(name) for name in (
         "tests.xml", "multi30k/history.json", "scoreboard/multi30k-cuda.json", "multi30k-fp16/history.json",
         "benchmarks/gpu-base-bf16-compile.json", "benchmarks/rehearsal-small-bf16.json",
-        "chapters/08_translation.ipynb", "chapters/scoreboard/multi30k-cuda.json", "chapters/09_attention_heatmaps.ipynb", "cell-times.json",
-        "ablations/baseline-seed0.json")] == [
+        "chapters/08_translation.ipynb", "chapters/scoreboard/multi30k-cuda.json",
+        "chapters/09_attention_heatmaps.ipynb", "cell-times.json", "ablations/baseline-seed0.json")] == [
         "tests", "multi30k", "multi30k", "t4", "base-bf16-compile", "small-bf16", "chapter-8", "chapter-8",
         "chapter-9", None, None]
     groups = {check.group for stage in gpu_kit.STAGES

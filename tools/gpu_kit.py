@@ -44,7 +44,8 @@ The full `multi30k` preset is sized to fit stage 1: 553 TFLOP of training (20 ep
 GFLOP) is 2 to 4 s of an H200's 790 TFLOP/s bf16 peak at 20-35 % of it; a model this small is bound by kernel
 launches and the host instead (about 20-40 ms a step, 3,300 steps: 1 to 2 minutes), plus 10 greedy BLEU passes
 and 20 epoch checkpoints. Should it not fit, it trains as much as fits and says how far it got; its checkpoint
-(over 100 MB with Adam's moments) cannot come back from the machine, so the next window trains it again.
+(about 90 MB: 7.6 million weights and Adam's two moments, 12 bytes each) cannot come back from the machine (16 MiB
+a file), so the next window trains it again.
 
 What each stage needs that the GPU machine lacks comes from the wheelhouse, .gpu/wheels (tools/gpu_wheelhouse.py
 builds it, with the offline Multi30k in .gpu/data): missing modules are installed from it (pip --no-index, into a

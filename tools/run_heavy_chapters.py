@@ -25,9 +25,10 @@ chapters there: the book's notebooks and book/runs/ are not touched, and chapter
 copy (its ../benchmarks/results does not exist there). A copy this tool made (it holds COPY_MARK) is used again as it
 is, so that chapter 9 can run after chapter 8 in a call of its own and read chapter 8's run there. tools/gpu_kit.py
 runs the chapters on a GPU that way. Only into a copy may TRANSFORMER_BOOK_SMOKE be set (a rehearsal: its outputs
-never reach the book, and the smoke markers they hold are not checked). --cell-times FILE rewrites FILE (JSON, atomically) after every cell: for each chapter,
-each code cell's index, first line and seconds, and the chapter's wall time once it ends, so that a run stopped
-part-way still tells where its time went (a file that exists is added to: chapter by chapter).
+never reach the book, and the smoke markers they hold are not checked). --cell-times FILE rewrites FILE (JSON,
+atomically) after every cell: for each chapter, each code cell's index, first line and seconds, and the chapter's
+wall time once it ends, so that a run stopped part-way still tells where its time went (a file that exists is added
+to: chapter by chapter).
 """
 
 from __future__ import annotations
