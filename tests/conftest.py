@@ -11,7 +11,8 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, saying why and what runs them, where there is no CUDA GPU."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; on a machine with one, run python tools/gpu_check.py")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; on a machine with one, run python tools/gpu_kit.py --stage 1 "
+                                   "(CONTRIBUTING.md, 'The GPU plan')")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,6 +1,6 @@
 """The GPU path on a real GPU (marked `gpu`: skipped, with the reason, where CUDA is absent).
 
-tools/gpu_check.py runs these first wherever a GPU is at hand. tests/test_device_paths.py runs the same branches on
+tools/gpu_kit.py --stage 1 runs these first wherever a GPU is at hand. tests/test_device_paths.py runs the same branches on
 the CPU with the `meta` device and fp16 autocast; what is here needs CUDA itself: pinned memory, fused Adam, the
 host waiting for the GPU, bf16 and fp16 kernels, NCCL. (The key/value cache on CUDA is a `gpu` case of
 tests/test_decoding.py::test_cached_and_uncached_decoding_agree.)

@@ -3,6 +3,7 @@
     python tools/run_heavy_chapters.py                 # both chapters, full mode, on the best device here
     python tools/run_heavy_chapters.py --check         # exit 1 if a stored record does not match its notebook
     python tools/run_heavy_chapters.py --notes         # rewrite only the notes from the stored records
+    python tools/run_heavy_chapters.py --into /tmp/copy --cell-times times.json   # into a copy; book/ untouched
 
 Chapters 8 and 9 train and read a real translator, which takes too long to run whenever the book is built, so the
 book shows the outputs of their latest full run instead (CONTRIBUTING.md, 'Stored outputs of chapters 8 and 9').
@@ -18,6 +19,16 @@ Chapter 9 reads chapter 8's checkpoint from book/runs/, so the two run in that o
 Progress bars are stored as a terminal would show them: each carriage-return update replaces the line it rewrites.
 
 No cell may store an error; an untouched exercise stub prints one line ("Exercise not attempted yet ...") instead.
+
+--into DIR copies book/ (without _build/ and runs/) into DIR, a new or empty folder outside book/, and runs the
+chapters there: the book's notebooks and book/runs/ are not touched, and chapter 8's scoreboard record stays in the
+copy (its ../benchmarks/results does not exist there). A copy this tool made (it holds COPY_MARK) is used again as it
+is, so that chapter 9 can run after chapter 8 in a call of its own and read chapter 8's run there. tools/gpu_kit.py
+runs the chapters on a GPU that way. Only into a copy may TRANSFORMER_BOOK_SMOKE be set (a rehearsal: its outputs
+never reach the book, and the smoke markers they hold are not checked). --cell-times FILE rewrites FILE (JSON,
+atomically) after every cell: for each chapter, each code cell's index, first line and seconds, and the chapter's
+wall time once it ends, so that a run stopped part-way still tells where its time went (a file that exists is added
+to: chapter by chapter).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -163,8 +175,46 @@ def set_provenance(notebook, note: str) -> None:
     cells[0].source = note
 
 
-def run_chapter(path: Path, timeout: int) -> dict:
-    """Execute one notebook in full mode, store its outputs and its run record; return the record."""
+class CellTimes:
+    """The seconds of each executed code cell, per chapter, rewritten to a JSON file after every cell (the chapters
+    an existing file holds are kept)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.chapters = path, {}
+        if path is not None and path.is_file():
+            self.chapters = json.loads(path.read_text(encoding="utf-8"))
+
+    def start(self, chapter: str) -> None:
+        self.chapters[chapter] = {"cells": [], "wall_seconds": None, "finished": False}
+        self.started = time.perf_counter()
+        self.cell_started = None
+        self.write()
+
+    def cell_start(self, cell, cell_index: int, **_) -> None:
+        self.cell_started = time.perf_counter()
+
+    def cell_done(self, chapter: str, cell, cell_index: int, **_) -> None:
+        seconds = time.perf_counter() - (self.cell_started or time.perf_counter())
+        first = next((line for line in cell.source.splitlines() if line.strip()), "")
+        self.chapters[chapter]["cells"].append({"index": cell_index, "first_line": first[:100],
+                                                "seconds": round(seconds, 2)})
+        self.chapters[chapter]["wall_seconds"] = round(time.perf_counter() - self.started, 1)
+        self.write()
+
+    def finish(self, chapter: str) -> None:
+        self.chapters[chapter].update(finished=True, wall_seconds=round(time.perf_counter() - self.started, 1))
+        self.write()
+
+    def write(self) -> None:
+        if self.path is not None:
+            from transformer_lib.files import atomic_write_text
+
+            atomic_write_text(self.path, json.dumps(self.chapters, indent=1) + "\n")
+
+
+def run_chapter(path: Path, timeout: int, cell_times: CellTimes | None = None) -> dict:
+    """Execute one notebook in full mode (in its own folder), store its outputs and its run record; return the
+    record. cell_times, if given, hears of every code cell as it ends."""
     import nbformat
     import torch
     from nbclient import NotebookClient
@@ -184,8 +234,15 @@ def run_chapter(path: Path, timeout: int) -> dict:
     }
     print(f"{path.name}: running on {record['hardware']} ...", flush=True)
     started = time.perf_counter()
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}})
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    if cell_times is not None:
+        cell_times.start(path.name)
+        client.on_cell_execute = cell_times.cell_start
+        client.on_cell_executed = lambda **kwargs: cell_times.cell_done(path.name, **kwargs)
     client.execute()
+    if cell_times is not None:
+        cell_times.finish(path.name)
     record["wall_minutes"] = round((time.perf_counter() - started) / 60, 1)
     tidy_outputs(notebook)
     notebook.metadata.setdefault(RECORD_KEY, {})["run"] = record
@@ -230,6 +287,27 @@ def check(paths: list[Path]) -> list[str]:
     return problems
 
 
+COPY_MARK = ".copy-of-the-book"  # in a copy that make_copy made
+
+
+def make_copy(into: Path) -> Path:
+    """Copy book/ into `into` (new, or an empty folder outside book/), without its build and runs; return the copy.
+    A copy that make_copy made earlier is returned as it is, with what earlier runs left in it."""
+    into = into.resolve()
+    if into == BOOK or BOOK in into.parents:
+        raise ValueError(f"--into {str(into)!r} is inside book/; give a folder outside it, so that the book's "
+                         f"notebooks stay as they are")
+    if into.is_dir() and not into.is_symlink() and (into / COPY_MARK).is_file():
+        return into
+    if into.is_symlink() or (into.exists() and (not into.is_dir() or any(into.iterdir()))):
+        raise ValueError(f"--into {str(into)!r} exists and is not an empty folder; give a new folder (nothing is "
+                         f"overwritten)")
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(BOOK, into, dirs_exist_ok=True, ignore=shutil.ignore_patterns("_build", "runs"))
+    (into / COPY_MARK).write_text("a copy of book/ made by tools/run_heavy_chapters.py --into\n", encoding="utf-8")
+    return into
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("chapters", nargs="*", default=list(HEAVY_CHAPTERS), help="notebooks in book/ (default: both)")
@@ -238,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", action="store_true",
                         help="only rewrite the note at the top of each chapter from its stored record (after a change "
                              "to the note's wording); runs nothing")
+    parser.add_argument("--into", type=Path, metavar="DIR",
+                        help="run in a copy of book/ made in DIR (new or empty, outside book/); book/ is not touched")
+    parser.add_argument("--cell-times", type=Path, metavar="FILE",
+                        help="rewrite FILE (JSON) after every cell with each code cell's seconds, per chapter")
     args = parser.parse_args(argv)
     if args.timeout < 1:
         parser.error(f"--timeout must be a positive number of seconds per cell, got {args.timeout}")
@@ -245,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         if path.name not in HEAVY_CHAPTERS or not path.is_file():
             parser.error(f"chapter {path.name!r} is not one of the heavy chapters {HEAVY_CHAPTERS}")
+    if (args.into or args.cell_times) and (args.check or args.notes):
+        parser.error("--into and --cell-times run the chapters; they do not go with --check or --notes")
     if args.check:
         problems = check(paths)
         print("\n".join(problems) or "the stored runs match their notebooks")
@@ -261,10 +345,25 @@ def main(argv: list[str] | None = None) -> int:
             nbformat.write(notebook, path)
             print(f"{path.name}: note rewritten from the run of {record['date']}")
         return 0
-    if os.environ.get("TRANSFORMER_BOOK_SMOKE"):
-        parser.error("TRANSFORMER_BOOK_SMOKE is set: this tool stores full runs only; unset it")
+    smoke = bool(os.environ.get("TRANSFORMER_BOOK_SMOKE"))
+    if smoke and args.into is None:
+        parser.error("TRANSFORMER_BOOK_SMOKE is set: this tool stores full runs only; unset it (or run into a copy "
+                     "with --into DIR, which never reaches the book)")
+    if args.cell_times is not None and (args.cell_times.is_dir() or args.cell_times.is_symlink()):
+        parser.error(f"--cell-times {str(args.cell_times)!r} is a folder or a link; give a file to write")
+    if args.into is not None:
+        try:
+            copy = make_copy(args.into)
+        except ValueError as error:
+            parser.error(str(error))
+        paths = [copy / path.name for path in paths]
+        print(f"running in a copy of the book: {copy}", flush=True)
+    cell_times = CellTimes(args.cell_times) if args.cell_times is not None else None
     for path in paths:
-        run_chapter(path, args.timeout)
+        run_chapter(path, args.timeout, cell_times)
+    if smoke:
+        print("smoke run into a copy (TRANSFORMER_BOOK_SMOKE is set): its outputs are not checked as a full run's")
+        return 0
     problems = check(paths)
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -54,8 +54,8 @@ def autocast_override(natural: torch.dtype | None) -> torch.dtype | None:
     """The mixed-precision type a GPU trains in: `natural` (the device's own choice, chapter 7's autocast_dtype)
     unless TRANSFORMER_LIB_AUTOCAST names fp16, bf16 or fp32 (fp32: no autocast).
 
-    It exists for testing: fp16 with a GradScaler is what a T4 (Colab's free GPU) runs, and tools/gpu_check.py forces
-    it on a newer GPU to check that path where no T4 is at hand.
+    It exists for testing: fp16 with a GradScaler is what a T4 (Colab's free GPU) runs, and tools/gpu_kit.py (stage 1)
+    forces it on a newer GPU to check that path where no T4 is at hand.
     """
     value = os.environ.get(AUTOCAST_ENV, "").strip().lower()
     if not value:
