@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 APPENDIX = ROOT / "book" / "appendix_performance.ipynb"
-BLOCK = re.compile(r"(<!-- benchmark-table: (?P<name>[\w.-]+\.json) -->\n)(?P<body>.*?)(<!-- end benchmark-table -->)", re.S)
+BLOCK = re.compile(r"(<!-- benchmark-table: (?P<name>[\w.*-]+\.json) -->\n)(?P<body>.*?)(<!-- end benchmark-table -->)", re.S)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import read_report, table  # noqa: E402
@@ -38,7 +38,38 @@ def caption(report: dict, name: str) -> str:
             f"{report['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s. File: `benchmarks/results/{name}`.*")
 
 
+def threads_table(names: list[str]) -> str:
+    """The reports of benchmarks/threads.py, one row per (report, model): seconds per step at each thread count."""
+    reports = [(name, json.loads((RESULTS / name).read_text(encoding="utf-8"))) for name in names]
+    counts = sorted({int(n) for _, report in reports for model in report["results"].values() for n in model})
+    head = ("| spinning processes started beside it | load average (start → end) | model | "
+            + " | ".join(f"{n} thread{'s' * (n > 1)}" for n in counts) + " | fastest |")
+    lines = [head, "|" + "---|" * (4 + len(counts))]
+    for name, report in sorted(reports, key=lambda item: item[1]["busy_processes"]):
+        env, busy = report["environment"], report["busy_processes"]
+        beside = "none" if busy == 0 else str(busy)
+        for model, by_threads in report["results"].items():
+            medians = {int(n): value["median_s"] for n, value in by_threads.items()}
+            best = min(medians, key=medians.get)
+            cells = " | ".join(f"{medians[n]:.3f} s" if n in medians else "–" for n in counts)
+            lines.append(f"| {beside} | {env['load_average_before']:.1f} → {env['load_average_after']:.1f} | "
+                         f"`{model}` | {cells} | {best} |")
+    first = reports[0][1]
+    env = first["environment"]
+    files = ", ".join(f"`benchmarks/results/{name}`" for name, _ in reports)
+    return (f"*The load average says what else ran (the spinning processes count in it). Median seconds per training step (forward, backward, Adam) over {first['windows']} windows of "
+            f"{first['steps_per_window']} steps, thread counts interleaved, on random batches of each preset's token "
+            f"budget in sentences of {first['sentence_tokens']} tokens; {env['cpu']}, {env['cpu_count']} cores, torch "
+            f"{env['torch']}, {env['date']}. Files: {files}.*\n\n" + "\n".join(lines) + "\n")
+
+
 def render(name: str) -> str:
+    if "*" in name:  # a group of benchmarks/threads.py reports
+        names = sorted(path.name for path in RESULTS.glob(name))
+        if not names:
+            raise ValueError(f"{APPENDIX.name} has a table of {name}, but no file in {RESULTS} matches it; write "
+                             f"them with benchmarks/threads.py --json, or remove the table's block")
+        return threads_table(names)
     path = RESULTS / name
     if not path.is_file():
         raise ValueError(f"{APPENDIX.name} has a table of {name}, but {path} is not a file; write it with "

@@ -68,11 +68,11 @@ def autocast_override(natural: torch.dtype | None) -> torch.dtype | None:
 def training_threads(cores: int | None = None, load: float | None = None) -> int:
     """The CPU threads a training should use: every core when nothing else runs, one when other work shares them.
 
-    Measured on 2 cores (benchmarks/threads.py; the performance appendix): alone, 2 threads train the multi30k-cpu
-    model about a sixth faster than 1; beside other work, 2 threads are several times slower than 1, because torch's
-    threads wait for each other and each wait lasts as long as the other work holds a core. One thread loses little
-    when it guessed wrong, two lose a lot, so one is chosen whenever the 1-minute load average says another process
-    holds half a core or more. `cores` and `load` default to this machine's (os.cpu_count, os.getloadavg)."""
+    Measured on 2 cores (benchmarks/threads.py; the performance appendix): alone, 2 threads train the tiny and the
+    multi30k-cpu models 1.3 and 1.7 times as fast as 1; beside one busy process, 3.3 and 1.5 times as slowly, because
+    torch's threads wait for each other and each wait lasts as long as the other work holds a core. So the choice
+    follows the machine: every core when the 1-minute load average is under half a core, one when another process
+    holds more. `cores` and `load` default to this machine's (os.cpu_count, os.getloadavg)."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # (Windows has no load average)
