@@ -651,7 +651,9 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
     folder = tmp_path / "run"
     holder = hold_lock(folder)
     try:
-        with pytest.raises(guards.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
+        with pytest.raises(guards.RunFolderInUseError,
+                           match=f"{folder}.* is in use by process {holder.pid} \\(python -c {folder}\\), which "
+                                 f"holds") as error:
             with guards.lock_run_folder(folder):
                 pass
         assert "\n" not in str(error.value)
@@ -662,7 +664,7 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
         holder.stdin.close()
     assert (folder / guards.LOCK_FILE).exists()
     with guards.lock_run_folder(folder):  # the stale lock is no obstacle
-        assert (folder / guards.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        assert (folder / guards.LOCK_FILE).read_text() == f"{os.getpid()}\n{guards.this_command()}\n"
     assert list(folder.iterdir()) == []  # the lock file goes; the folder existed before, so it stays
     with guards.lock_run_folder(tmp_path / "new"):
         assert (tmp_path / "new").is_dir()
