@@ -602,6 +602,8 @@ def test_resume_takes_a_new_length_refuses_a_shorter_one_and_a_finished_run_trai
         code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", *length, "--no-progress")
         assert code == 0 and f"the run in {run} is finished: it has trained its full length, 3 steps; nothing to " \
             "train" in out, err
+        assert f"nothing was trained or saved: the run in {run} stays as it was, 3 steps; last logged loss" in out
+        assert "trained 3 steps" not in out and "saved in" not in out
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "4", "--epochs", "1")
     assert code == 2 and "not allowed with argument" in err

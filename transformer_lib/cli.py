@@ -21,7 +21,7 @@ from transformer_lib.files import atomic_write_text, decode_text, is_text_lines,
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
 from transformer_lib.runs import (DECODING_FILE, check_output_file, check_run_folder, kept_epochs,
-                                  read_run_record, write_decoding)
+                                  read_run_record, steps_trained, write_decoding)
 from transformer_lib.scoreboard import (check_scoreboard_folder, replaced_record, run_facts, scoreboard_record,
                                        write_scoreboard)
 from transformer_lib.settings import MAX_BEAM, MAX_SEED
@@ -291,6 +291,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_folder(args.out, args.resume, args.overwrite)
         if args.resume:
             read_run_record(args.out / "checkpoint.pt")  # a file train_translator wrote, or one line saying not
+            steps_before = steps_trained(args.out / "checkpoint.pt")
         elif device.type == "cuda" and not launched_by_torchrun():
             check_fits_in_memory(settings, device, preset)  # one line now, not an out-of-memory traceback later
         if launched_by_torchrun():
@@ -312,6 +313,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if isinstance(process, TorchrunProcess) and not process.is_main:  # under torchrun, rank 0 speaks for all processes
         return 0
     last = _last_loss(summary["history"])
+    if args.resume and summary["steps"] == steps_before:  # train_translator said why: the run is finished
+        print(f"nothing was trained or saved: the run in {args.out} stays as it was, {summary['steps']} steps; {last}")
+        return 0
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
     return 0
