@@ -41,15 +41,14 @@ def split_pairs(run: dict, split: str) -> list[tuple[str, str]]:
     return load_pairs(run["corpus"], split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
 
 
-def decoding_batches(tokenizer: Tokenizer, sentences: Sequence[str],
-                     batch_size: int = BATCH_SIZE) -> list[tuple[list[int], int]]:
+def decoding_batches(tokenizer: Tokenizer, sentences: Sequence[str]) -> list[tuple[list[int], int]]:
     """The batches translation.translate decodes, in its order: (the indices of their sentences, their length in
     tokens when padded). translate sorts the sentences by length (a stable sort) and cuts that order every
-    batch_size sentences; a batch given to translate alone is already sorted, so it is decoded as that one batch."""
+    BATCH_SIZE sentences; a batch given to translate alone is already sorted, so it is decoded as that one batch."""
     lengths = [len(encoding.ids) for encoding in tokenizer.encode_batch(list(sentences))]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [(order[start: start + batch_size], max(lengths[i] for i in order[start: start + batch_size]))
-            for start in range(0, len(order), batch_size)]
+    batches = [order[start: start + BATCH_SIZE] for start in range(0, len(order), BATCH_SIZE)]
+    return [(indices, max(lengths[i] for i in indices)) for indices in batches]
 
 
 def source_positions(batches: Sequence[tuple[list[int], int]]) -> int:
@@ -166,11 +165,10 @@ def translate_batches(model: Transformer, tokenizer: Tokenizer, sentences: Seque
 
 
 def translate_with_progress(model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str], *, beam_size: int,
-                            alpha: float, max_len: int | None = None, progress: bool = True,
-                            what: str = "translating") -> list[str]:
+                            alpha: float, max_len: int | None = None, progress: bool = True) -> list[str]:
     """translate_batches under a DecodeProgress of its own (on stderr; none when progress is False)."""
     batches = decoding_batches(tokenizer, sentences)
-    with DecodeProgress(len(sentences), source_positions(batches), what, enabled=progress) as bar:
+    with DecodeProgress(len(sentences), source_positions(batches), "translating", enabled=progress) as bar:
         return translate_batches(model, tokenizer, sentences, beam_size=beam_size, alpha=alpha, max_len=max_len,
                                  progress=bar, batches=batches)
 
@@ -191,13 +189,13 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
 
 
 def decode_and_score(model: Transformer, tokenizer: Tokenizer, sources: Sequence[str], references: Sequence[str],
-                     *, beam_size: int, alpha: float, max_len: int | None = None, progress: bool = True,
-                     what: str = "translating") -> tuple[list[str], dict]:
+                     *, beam_size: int, alpha: float, max_len: int | None = None,
+                     progress: bool = True) -> tuple[list[str], dict]:
     """Translate sources (translate_with_progress) and score the translations against references
     (score_translations); returns both. Sentences that could not be scored are refused before any decoding."""
     check_scorable(sources, references)
     hypotheses = translate_with_progress(model, tokenizer, sources, beam_size=beam_size, alpha=alpha,
-                                         max_len=max_len, progress=progress, what=what)
+                                         max_len=max_len, progress=progress)
     return hypotheses, score_translations(hypotheses, list(references))
 
 
