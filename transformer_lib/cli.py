@@ -198,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     choose.add_argument("--alpha", type=alpha_value, nargs="+", default=list(CHOOSE_ALPHAS),
                         help="length-penalty exponents to try (default: %(default)s)")
     choose.add_argument("--limit", type=_integer_at_least(MIN_SENTENCES, f"an integer >= {MIN_SENTENCES} (BLEU on "
-                                                                       f"fewer sentences is noise)"),
+                                                                       f"fewer sentences is noise)"), metavar="N",
                         help=f"decode only the first N validation sentences, at least {MIN_SENTENCES}: a quick trial "
-                             f"(Multi30k's split has 1,014, so --limit 200 takes about a fifth of the time); the "
-                             f"choice is then made on those, and decoding.json says on how many")
+                             f"(Multi30k's split has 1,014; the README gives the times); the choice is then made on "
+                             f"those, and decoding.json says on how many")
     choose.add_argument("--average", type=positive_int, nargs="+",
                         help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
                              "every epoch the run keeps)")
