@@ -141,6 +141,11 @@ def test_choose_and_evaluate_say_at_once_what_they_decode_and_how_far_they_are(q
     assert "decoded 130 of 520 sentences (25%) in " in err and "decoded 520 sentences in " in err
     assert len([line for line in out.splitlines() if line.startswith("  ") and " alpha " in line]) == 4
     assert "chosen on the validation split" in out
+    code = cli.main(["choose", "--checkpoint", run, "--beam", "2", "--alpha", "0.6", "--average", "1", "--max-len",
+                     "10", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "decod" not in err, err  # no progress, but the row tried is still printed
+    assert len([line for line in out.splitlines() if line.startswith("  ") and " alpha 0.6: BLEU" in line]) == 1
 
     code = cli.main(["evaluate", "--checkpoint", run, "--split", "test", "--max-len", "10"])
     out, err = capsys.readouterr()
