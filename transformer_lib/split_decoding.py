@@ -1,5 +1,5 @@
-"""Decoding a split and scoring it, with its progress shown (hand-written: the command line and
-benchmarks/ablations.py call it; chapter 8 teaches the same steps in validation_sweep and its test-split cells).
+"""Decoding a split and scoring it, with its progress shown (hand-written: the command line, benchmarks/ablations.py
+and benchmarks/recipe_trial.py call it; chapter 8 teaches the same steps in validation_sweep and its test cells).
 
 - `decoding_batches`: the batches `translation.translate` decodes, in its order; `translate_batches` decodes them
   one call of `translate` each, so that the translations are those of one call for all (the same batches, the same
