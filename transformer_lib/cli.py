@@ -448,11 +448,12 @@ def cmd_choose(args: argparse.Namespace) -> int:
                          f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")
     beam = args.beam if args.beam is not None else decoding_source(folder, run)[0]["beam_size"]
     with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
+        print(f"choosing how {folder} decodes, on the validation split of {run['corpus']} {run['src_lang']}-"
+              f"{run['tgt_lang']}, beam {beam}", flush=True)  # said before the split is read, which takes seconds
         pairs = split_pairs(run, "validation")
         used = pairs[: args.limit]  # all of them without --limit
-        print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: "
-              f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences, "
-              f"beam {beam}", flush=True)
+        print(f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences",
+              flush=True)
         rows = sweep(folder, used, beam_size=beam, alphas=args.alpha, average_lasts=args.average, max_len=args.max_len,
                      device=args.device, progress=not args.no_progress, print_rows=True)
         best = best_decoding(rows)
@@ -497,6 +498,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             run = read_run_record(checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
             if args.scoreboard is not None:
                 facts = _scoreboard_facts(args, run)
+            beam, alpha = _decoding(args)  # its note first: reading the model and the split takes seconds
             model, tokenizer = _load(args.checkpoint, args.device)
             sources, references = map(list, zip(*split_pairs(run, args.split)))
         else:
@@ -506,7 +508,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")
             model, tokenizer = _load(args.checkpoint, args.device)
-        beam, alpha = _decoding(args)
+            beam, alpha = _decoding(args)
         hypotheses, scores = decode_and_score(model, tokenizer, sources, references, beam_size=beam, alpha=alpha,
                                               max_len=args.max_len, progress=not args.no_progress)
         _warn_empty(hypotheses)
