@@ -88,11 +88,10 @@ def _device_facts() -> dict:
 def run_one(args: argparse.Namespace) -> dict:
     """Train one (variant, seed), decode as the module says, and return its record (also written to --out)."""
     import transformer_lib as tl
-    from transformer_lib import translation, validation
-    from transformer_lib.data import load_pairs
+    from transformer_lib import split_decoding, translation
     from transformer_lib.files import write_checked_json
     from transformer_lib.guards import DivergedError
-    from transformer_lib.scoring import corpus_scores
+    from transformer_lib.runs import read_run_record
 
     description, changes = VARIANTS[args.variant]
     overrides = merge(json.loads(args.overrides), changes)
@@ -130,7 +129,8 @@ def run_one(args: argparse.Namespace) -> dict:
         record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve, load_average=load,
                       minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
                       final_valid_loss=curve[-1]["valid_loss"] if curve else None)
-        splits = {split: load_pairs("multi30k", split, "de", "en") for split in ("validation", "test")}
+        run = read_run_record(run_dir / "run" / "checkpoint.pt")["run"]  # Multi30k de-en, as the runs train
+        splits = {split: split_decoding.split_pairs(run, split) for split in ("validation", "test")}
         decodes, loaded, hypotheses = [], {}, {}
 
         def row_of(split: str, average_last: int, beam: int, alpha: float, scores: dict) -> dict:
@@ -141,8 +141,9 @@ def run_one(args: argparse.Namespace) -> dict:
             return row
 
         def sweep(beam: int, alphas: list[float], average_lasts: list[int] | None) -> list[dict]:
-            rows = validation.validation_sweep(run_dir / "run", splits["validation"], beam_size=beam, alphas=alphas,
-                                                average_lasts=average_lasts, max_len=args.max_len, progress=False)
+            rows = split_decoding.sweep(run_dir / "run", splits["validation"], beam_size=beam, alphas=alphas,
+                                        average_lasts=average_lasts, max_len=args.max_len, progress=False,
+                                        print_rows=False)
             return [row_of("validation", r["average_last"], beam, r["alpha"], r["scores"]) for r in rows]
 
         def decode(split: str, average_last: int, beam: int, alpha: float, keep: str | None = None) -> dict:
@@ -150,11 +151,12 @@ def run_one(args: argparse.Namespace) -> dict:
                 loaded[average_last] = translation.load_translator(run_dir / "run", average_last=average_last)
             model, tokenizer = loaded[average_last]
             sources, references = zip(*splits[split])
-            hypotheses_of = translation.translate(model, tokenizer, list(sources), beam_size=beam, alpha=alpha,
-                                                  max_len=args.max_len)
+            hypotheses_of, scores = split_decoding.decode_and_score(model, tokenizer, sources, references,
+                                                                    beam_size=beam, alpha=alpha, max_len=args.max_len,
+                                                                    progress=False)
             if keep is not None:  # the sentences themselves, for bootstrap intervals and paired tests later
                 hypotheses[keep] = hypotheses_of
-            return row_of(split, average_last, beam, alpha, corpus_scores(hypotheses_of, list(references)))
+            return row_of(split, average_last, beam, alpha, scores)
 
         greedy = sweep(1, [0.0], [1])[0]
         record["valid_bleu_greedy"] = greedy["bleu"]

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, overrides: dict) -> dict:
     import torch
 
     import transformer_lib as tl
-    from transformer_lib import recipe, translation, validation
+    from transformer_lib import recipe, split_decoding, translation
     from transformer_lib.data import load_pairs
     from transformer_lib.files import write_checked_json
 
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace, overrides: dict) -> dict:
         averages = [n for n in [1, *args.average] if n <= kept or n == 1]  # a trial shorter than an average skips it
         for n in averages:
             decode_started = time.perf_counter()
-            rows = validation.validation_sweep(run_dir / "run", pairs, beam_size=args.beam, alphas=args.alpha,
-                                                average_lasts=[n], device="cpu", progress=False)
+            rows = split_decoding.sweep(run_dir / "run", pairs, beam_size=args.beam, alphas=args.alpha,
+                                        average_lasts=[n], device="cpu", progress=False, print_rows=False)
             minutes = (time.perf_counter() - decode_started) / 60 / len(rows)  # the mean of this weights' decodings
             for row in rows:
                 scores = row["scores"]

@@ -220,11 +220,14 @@ def test_an_existing_run_is_refused_without_resume_or_overwrite(tmp_path, capsys
 
 
 def test_a_second_training_in_a_folder_in_use_stops_at_once_even_with_overwrite(tmp_path, capsys):
+    """The holder is named by its command: here a `choose` (the argv python -m transformer_lib gives it), which a
+    reader once took for a training, told to "wait until that run ends"."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint.pt").write_bytes(b"the first training's checkpoint")
-    script = "import sys\nfrom transformer_lib import guards\nwith guards.lock_run_folder(sys.argv[1]):\n" \
-             "    print('locked', flush=True)\n    sys.stdin.read()\n"
+    script = "import sys\nfrom transformer_lib import guards\n" \
+             "sys.argv = ['/x/transformer_lib/__main__.py', 'choose', '--checkpoint', sys.argv[1]]\n" \
+             "with guards.lock_run_folder(sys.argv[3]):\n    print('locked', flush=True)\n    sys.stdin.read()\n"
     holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, cwd=ROOT)
     try:
@@ -232,7 +235,8 @@ def test_a_second_training_in_a_folder_in_use_stops_at_once_even_with_overwrite(
         for extra in ([], ["--overwrite"]):
             code, _, err = run_main(capsys, "train", "--preset", "tiny", "--out", str(run), *extra)
             line = one_error_line(err)
-            assert code == 1 and f"{str(run)!r} is in use by process {holder.pid}" in line, line
+            assert code == 1 and f"{str(run)!r} is in use by process {holder.pid} (python -m transformer_lib choose " \
+                f"--checkpoint {run}), which holds {run / '.lock'}; wait until it ends" in line, line
         assert (run / "checkpoint.pt").read_bytes() == b"the first training's checkpoint"
     finally:
         holder.stdin.close()
@@ -473,23 +477,22 @@ def test_device_and_decoding_options_are_checked_where_they_enter(args, message)
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
-def test_empty_translations_are_kept_in_place_and_named_in_a_warning(monkeypatch, capsys):
-    from transformer_lib import cli as cli_module
-
-    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, **options: ["a dog", "", " "])
-    model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
-    assert cli_module._translate(model, None, ["x", "y", "z"], beam=2, alpha=0.6, max_len=None) == ["a dog", "", " "]
+def test_empty_translations_are_kept_in_place_and_named_in_a_warning(capsys):
+    cli_module._warn_empty(["a dog", "", " "])
     err = capsys.readouterr().err
     assert "warning: 2 of 3 translations are empty (sentence 2, 3)" in err and err.count("\n") == 1
 
 
 def test_a_max_len_beyond_the_models_positions_is_the_librarys_one_line(capsys):
-    from transformer_lib import cli as cli_module
+    from test_translation import small_model
 
-    model = type("M", (), {"cfg": type("C", (), {"max_len": 128})()})()
-    with pytest.raises(ValueError, match=r"^max_len must be a positive integer of at most 127 for this model \(its "
-                                         r"max_len is 128, and <bos> takes one position\), got 200$"):
-        cli_module._translate(model, None, ["x"], beam=4, alpha=0.6, max_len=200)
+    import transformer_lib as tl
+
+    model = small_model()  # max_len=40
+    tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    with pytest.raises(ValueError, match=r"^max_len must be a positive integer of at most 39 for this model \(its "
+                                         r"max_len is 40, and <bos> takes one position\), got 200$"):
+        cli_module._translate(model, tokenizer, ["ein hund"], beam=4, alpha=0.6, max_len=200, progress=False)
 
 
 def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_chose(tmp_path, capsys):
@@ -599,6 +602,8 @@ def test_resume_takes_a_new_length_refuses_a_shorter_one_and_a_finished_run_trai
         code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", *length, "--no-progress")
         assert code == 0 and f"the run in {run} is finished: it has trained its full length, 3 steps; nothing to " \
             "train" in out, err
+        assert f"nothing was trained or saved: the run in {run} stays as it was, 3 steps; last logged loss" in out
+        assert "trained 3 steps" not in out and "saved in" not in out
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     code, out, err = run_main(capsys, "train", "--out", str(run), "--resume", "--max-steps", "4", "--epochs", "1")
     assert code == 2 and "not allowed with argument" in err

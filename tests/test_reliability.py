@@ -651,7 +651,9 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
     folder = tmp_path / "run"
     holder = hold_lock(folder)
     try:
-        with pytest.raises(guards.RunFolderInUseError, match=f"{folder}.* is in use by process {holder.pid}") as error:
+        with pytest.raises(guards.RunFolderInUseError,
+                           match=f"{folder}.* is in use by process {holder.pid} \\(python -c {folder}\\), which "
+                                 f"holds") as error:
             with guards.lock_run_folder(folder):
                 pass
         assert "\n" not in str(error.value)
@@ -662,11 +664,21 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder_and_a_dead_holders_loc
         holder.stdin.close()
     assert (folder / guards.LOCK_FILE).exists()
     with guards.lock_run_folder(folder):  # the stale lock is no obstacle
-        assert (folder / guards.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        assert (folder / guards.LOCK_FILE).read_text() == f"{os.getpid()}\n{guards.this_command()}\n"
     assert list(folder.iterdir()) == []  # the lock file goes; the folder existed before, so it stays
     with guards.lock_run_folder(tmp_path / "new"):
         assert (tmp_path / "new").is_dir()
     assert not (tmp_path / "new").exists()  # created by the lock and still empty: a failed start leaves nothing
+
+
+def test_the_lock_file_names_the_holders_command_as_it_was_typed(monkeypatch):
+    """What a second process shows of the holder: python -m transformer_lib and its arguments, quoted as a shell would
+    need them, in one line of at most 300 characters."""
+    monkeypatch.setattr(guards.sys, "argv", ["/venv/lib/transformer_lib/__main__.py", "choose", "--checkpoint",
+                                             "runs/my run"])
+    assert guards.this_command() == "python -m transformer_lib choose --checkpoint 'runs/my run'"
+    monkeypatch.setattr(guards.sys, "argv", ["train.py", "x" * 400])
+    assert guards.this_command().startswith("python train.py xxx") and len(guards.this_command()) == 300
 
 
 def test_the_lock_is_reentrant_and_clears_what_a_dead_writer_left(tmp_path):

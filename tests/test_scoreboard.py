@@ -10,7 +10,7 @@ import pytest
 from test_cli import DATA, ROOT, cli, fake_run, one_error_line, run_main
 import transformer_lib as tl
 from transformer_lib import cli as cli_module
-from transformer_lib import checkpoint_checks, runs
+from transformer_lib import checkpoint_checks, runs, split_decoding
 from transformer_lib.files import read_checked_json, write_checked_json
 from transformer_lib.scoreboard import (
     COLUMNS,
@@ -321,8 +321,8 @@ def test_train_translator_accepts_the_validation_options():
 
 def test_decoding_comes_from_decoding_json_then_the_settings_then_the_defaults(tmp_path, capsys, monkeypatch):
     seen = []
-    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
-                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
+    monkeypatch.setattr(split_decoding, "translate", lambda model, tokenizer, sentences, beam_size, alpha, **options:
+                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))  # the command line's decoder
     run = fake_run(tmp_path)  # a run record whose settings have no decoding part
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     assert code == 0 and seen[-1] == (4, 0.6) and "note: decoding with beam 4 and alpha 0.6, from the defaults" in err
@@ -343,8 +343,8 @@ def test_decoding_comes_from_decoding_json_then_the_settings_then_the_defaults(t
 
 def test_decoding_from_the_runs_settings(tmp_path, capsys, monkeypatch):
     seen = []
-    monkeypatch.setattr(cli_module, "translate", lambda model, tokenizer, sentences, beam_size, max_len, alpha:
-                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))
+    monkeypatch.setattr(split_decoding, "translate", lambda model, tokenizer, sentences, beam_size, alpha, **options:
+                        seen.append((beam_size, alpha)) or ["a dog"] * len(sentences))  # the command line's decoder
     run = fake_run(tmp_path, decoding={"beam_size": 5, "alpha": 0.8, "average_last": 1})
     code, _, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     assert code == 0 and seen[-1] == (5, 0.8)
@@ -355,7 +355,7 @@ def test_a_recorded_average_the_folder_cannot_provide_is_refused_in_one_line(tmp
     """The run's settings average the last 3 epochs, and the folder keeps none of their weights (only checkpoint.pt
     was copied): translate refuses in one line and decodes nothing, never with the final weights instead."""
     seen = []
-    monkeypatch.setattr(cli_module, "translate", lambda *args, **kwargs: seen.append(kwargs) or ["a dog"])
+    monkeypatch.setattr(split_decoding, "translate", lambda *args, **kwargs: seen.append(kwargs) or ["a dog"])
     run = fake_run(tmp_path, decoding={"beam_size": 5, "alpha": 0.8, "average_last": 3})
     code, out, err = run_main(capsys, "translate", "--checkpoint", str(run), "Ein Hund.")
     line = one_error_line(err)

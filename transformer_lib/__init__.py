@@ -4,8 +4,8 @@ The modules of the chapters (embedding, positional, attention, masks, multihead,
 scoring, translation, validation, recipe, attention_maps) are generated from the book's notebooks by tools/export.py; runtime, grading
 (the exercise graders), distributed (training under torchrun), the helpers of a run with their clear errors (files:
 safe writes and reads; settings: settings checks; checkpoint_checks; runs: run folders; guards: the lock, Ctrl-C and
-divergence), explorers (the interactive figures of chapters 8 and 9) and cli (the command line,
-`python -m transformer_lib`) are written by hand.
+divergence), split_decoding (a split decoded and scored, its progress shown), explorers (the interactive figures of
+chapters 8 and 9) and cli (the command line, `python -m transformer_lib`) are written by hand.
 """
 
 from transformer_lib.attention import check_mask, scaled_dot_product_attention

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_lib.data import CORPORA, SPLITS, load_pairs
+from transformer_lib.data import CORPORA, SPLITS
 from transformer_lib.decoding import EXTRA_TOKENS
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
 from transformer_lib.files import atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file
@@ -23,11 +23,12 @@ from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
 from transformer_lib.runtime import training_threads
 from transformer_lib.runs import (DECODING_FILE, check_output_file, check_run_folder, kept_epochs,
-                                  read_run_record, write_decoding)
+                                  read_run_record, steps_trained, write_decoding)
 from transformer_lib.scoreboard import (check_scoreboard_folder, replaced_record, run_facts, scoreboard_record,
                                        write_scoreboard)
-from transformer_lib.scoring import corpus_scores
 from transformer_lib.settings import MAX_BEAM, MAX_SEED
+from transformer_lib.split_decoding import (BATCH_SIZE, MIN_SENTENCES, PROGRESS_EVERY, decode_and_score,
+                                            score_translations, split_pairs, sweep, translate_with_progress)
 from transformer_lib.training import SingleProcess
 from transformer_lib.translation import (
     DEFAULT_DECODING,
@@ -35,10 +36,9 @@ from transformer_lib.translation import (
     checkpoint_file,
     decoding_source,
     load_translator,
-    translate,
     weights_label,
 )
-from transformer_lib.validation import best_decoding, epoch_line, validation_sweep
+from transformer_lib.validation import best_decoding, epoch_line
 
 CHOOSE_ALPHAS = (0.6, 0.8, 1.0, 1.2)  # the length-penalty exponents chapter 8 tries on the validation split
 RESUME_FIXED = ("preset", "config", "corpus", "corpus_config", "src", "tgt", "seed", "train_limit", "valid_limit")
@@ -52,6 +52,7 @@ EPILOG = """examples:
   python -m transformer_lib translate --checkpoint runs/de-en "Ein Mann fährt Fahrrad."
   echo "Zwei Hunde spielen im Schnee." | python -m transformer_lib translate --checkpoint runs/de-en
   python -m transformer_lib choose --checkpoint runs/de-en
+  python -m transformer_lib choose --checkpoint runs/de-en --limit 200
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test
   python -m transformer_lib evaluate --checkpoint runs/de-en --split test --scoreboard benchmarks/results/scoreboard
   python -m transformer_lib evaluate --checkpoint runs/de-en --src-file test.de --ref-file test.en
@@ -201,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                         % (MAX_BEAM, DEFAULT_DECODING["beam_size"]))
     choose.add_argument("--alpha", type=alpha_value, nargs="+", default=list(CHOOSE_ALPHAS),
                         help="length-penalty exponents to try (default: %(default)s)")
-    choose.add_argument("--limit", type=_integer_at_least(100, "an integer >= 100 (BLEU on fewer sentences is noise)"),
-                        help="decode only the first N validation sentences (a quick trial; the choice is then made "
-                             "on those, and decoding.json says on how many)")
+    choose.add_argument("--limit", type=_integer_at_least(MIN_SENTENCES, f"an integer >= {MIN_SENTENCES} (BLEU on "
+                                                                       f"fewer sentences is noise)"), metavar="N",
+                        help=f"decode only the first N validation sentences, at least {MIN_SENTENCES}: a quick trial "
+                             f"(Multi30k's split has 1,014; the README gives the times); the choice is then made on "
+                             f"those, and decoding.json says on how many")
     choose.add_argument("--average", type=positive_int, nargs="+",
                         help="numbers of last epochs whose weights to average, 1 for the final weights (default: 1 and "
                              "every epoch the run keeps)")
@@ -216,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"at most this many tokens per translation (default: the source's length + "
                                   f"{EXTRA_TOKENS})")
         command.add_argument("--device", type=_device, help="cpu, cuda, cuda:N or mps (default: the best there is)")
+        many = f" (for more than {BATCH_SIZE} sentences)" if command is translate else ""
+        command.add_argument("--no-progress", action="store_true",
+                             help=f"show no progress{many} on stderr: by default a bar in a terminal, elsewhere a "
+                                  f"line every {PROGRESS_EVERY:g} s (sentences decoded, their rate, the time left)")
     translate.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from stdin)")
     for command in (translate, evaluate):
         command.epilog = (f"--beam and --alpha not given come from the run's {DECODING_FILE} (written by "
@@ -301,6 +308,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_folder(args.out, args.resume, args.overwrite)
         if args.resume:
             read_run_record(args.out / "checkpoint.pt")  # a file train_translator wrote, or one line saying not
+            steps_before = steps_trained(args.out / "checkpoint.pt")
         elif device.type == "cuda" and not launched_by_torchrun():
             check_fits_in_memory(settings, device, preset)  # one line now, not an out-of-memory traceback later
         if launched_by_torchrun():
@@ -324,6 +332,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if isinstance(process, TorchrunProcess) and not process.is_main:  # under torchrun, rank 0 speaks for all processes
         return 0
     last = _last_loss(summary["history"])
+    if args.resume and summary["steps"] == steps_before:  # train_translator said why: the run is finished
+        print(f"nothing was trained or saved: the run in {args.out} stays as it was, {summary['steps']} steps; {last}")
+        return 0
     where = summary["device"] if summary["processes"] == 1 else f"{summary['processes']} processes ({summary['device']})"
     print(f"trained {summary['steps']} steps on {where}; {last}; saved in {args.out}")
     return 0
@@ -374,7 +385,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not sentences:
         raise UsageError("no sentences: give them as arguments or one per line on standard input")
     model, tokenizer = _load(args.checkpoint, args.device)
-    translations = _translate(model, tokenizer, sentences, *_decoding(args), args.max_len)
+    translations = _translate(model, tokenizer, sentences, *_decoding(args), args.max_len,
+                              progress=not args.no_progress and len(sentences) > BATCH_SIZE)
     for line in translations:
         print(line)  # one line per sentence, empty ones included, so that lines still pair up
     return 0
@@ -395,15 +407,22 @@ def _decoding(args: argparse.Namespace) -> tuple[int, float]:
     return beam, alpha
 
 
-def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, max_len: int | None) -> list[str]:
-    """translate(), with a warning naming the sentences that came out empty."""
-    translations = translate(model, tokenizer, sentences, beam_size=beam, max_len=max_len, alpha=alpha)
+def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, max_len: int | None,
+               progress: bool) -> list[str]:
+    """translate()'s translations, with their progress (translate_with_progress), and _warn_empty."""
+    translations = translate_with_progress(model, tokenizer, sentences, beam_size=beam, alpha=alpha, max_len=max_len,
+                                           progress=progress)
+    _warn_empty(translations)
+    return translations
+
+
+def _warn_empty(translations: list[str]) -> None:
+    """A warning naming the sentences whose translation came out empty."""
     empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
         print(f"warning: {len(empty)} of {len(translations)} translations are empty (sentence {shown}): the model "
               f"ended them at once with <eos>, as an undertrained model often does; train longer", file=sys.stderr)
-    return translations
 
 
 def _check_save_hyp(args: argparse.Namespace) -> None:
@@ -448,13 +467,14 @@ def cmd_choose(args: argparse.Namespace) -> int:
                          f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")
     beam = args.beam if args.beam is not None else decoding_source(folder, run)[0]["beam_size"]
     with lock_run_folder(folder):  # no training changes these weights while they are chosen for (said before reading)
-        pairs = load_pairs(run["corpus"], "validation", run["src_lang"], run["tgt_lang"], run["corpus_config"])
+        print(f"choosing how {folder} decodes, on the validation split of {run['corpus']} {run['src_lang']}-"
+              f"{run['tgt_lang']}, beam {beam}", flush=True)  # said before the split is read, which takes seconds
+        pairs = split_pairs(run, "validation")
         used = pairs[: args.limit]  # all of them without --limit
-        print(f"validation split of {run['corpus']} {run['src_lang']}-{run['tgt_lang']}: "
-              f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences, "
-              f"beam {beam}", flush=True)
-        rows = validation_sweep(folder, used, beam_size=beam, alphas=args.alpha, average_lasts=args.average,
-                                max_len=args.max_len, device=args.device)
+        print(f"{'' if len(used) == len(pairs) else f'the first {len(used):,} of '}{len(pairs):,} sentences",
+              flush=True)
+        rows = sweep(folder, used, beam_size=beam, alphas=args.alpha, average_lasts=args.average, max_len=args.max_len,
+                     device=args.device, progress=not args.no_progress, print_rows=True)
         best = best_decoding(rows)
         chosen = {key: best[key] for key in ("beam_size", "alpha", "average_last")}
         capped = {} if args.max_len is None else {"max_len": args.max_len}  # a cap on the translations, recorded
@@ -497,9 +517,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             run = read_run_record(checkpoint_file(args.checkpoint))["run"]  # which corpus; one line if it lacks that
             if args.scoreboard is not None:
                 facts = _scoreboard_facts(args, run)
+            beam, alpha = _decoding(args)  # its note first: reading the model and the split takes seconds
             model, tokenizer = _load(args.checkpoint, args.device)
-            pairs = load_pairs(run["corpus"], args.split, run["src_lang"], run["tgt_lang"], run["corpus_config"])
-            sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+            sources, references = map(list, zip(*split_pairs(run, args.split)))
         else:
             sources, references = read_lines(args.src_file, "--src-file"), read_lines(args.ref_file, "--ref-file")
             check_sentences(sources, [f"--src-file {args.src_file}: line {n}" for n in range(1, len(sources) + 1)])
@@ -507,13 +527,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines; the files "
                                  f"must pair up line by line")
             model, tokenizer = _load(args.checkpoint, args.device)
-        hypotheses = _translate(model, tokenizer, sources, *_decoding(args), args.max_len)
+            beam, alpha = _decoding(args)
+        hypotheses, scores = decode_and_score(model, tokenizer, sources, references, beam_size=beam, alpha=alpha,
+                                              max_len=args.max_len, progress=not args.no_progress)
+        _warn_empty(hypotheses)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
                          f"line by line")
+    if args.hyp_file:
+        scores = score_translations(hypotheses, references)
     if args.save_hyp:
         atomic_write_text(args.save_hyp, "\n".join(hypotheses) + "\n")
-    scores = corpus_scores(hypotheses, references)
     print(f"BLEU = {scores['bleu']:.2f}   ({scores['bleu_signature']})")
     print(f"chrF = {scores['chrf']:.2f}   ({scores['chrf_signature']})")
     print(f"on {scores['sentences']} sentences")

@@ -1,13 +1,16 @@
 """What guards a run while it trains (hand-written: plumbing the chapters call in one line each).
 
-- `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel.
+- `lock_run_folder`: one training per run folder at a time; a killed run's lock is released by the kernel, and a
+  second process is told which command holds it.
 - `interrupt_guard`, `diverged`: Ctrl-C or SIGTERM ends a training step cleanly; a non-finite loss stops the run.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,10 +44,11 @@ def _take_lock(out: Path) -> int:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it when its process dies
         except BlockingIOError:
-            holder = os.read(descriptor, 32).decode("ascii", "replace").strip() or "unknown"
+            pid, _, command = os.read(descriptor, 4096).decode("utf-8", "replace").strip().partition("\n")
             os.close(descriptor)
-            raise RunFolderInUseError(f"the run folder {str(out)!r} is in use by process {holder} (it holds "
-                                      f"{lock}); wait until that run ends, or choose another folder") from None
+            holder = f"process {pid or 'unknown'}" + (f" ({command.strip()})" if command.strip() else "")
+            raise RunFolderInUseError(f"the run folder {str(out)!r} is in use by {holder}, which holds {lock}; "
+                                      f"wait until it ends, or choose another folder") from None
         try:
             same = os.path.samestat(os.fstat(descriptor), os.lstat(lock))
         except FileNotFoundError:
@@ -53,15 +57,30 @@ def _take_lock(out: Path) -> int:
             break
         os.close(descriptor)
     os.ftruncate(descriptor, 0)
-    os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
+    os.write(descriptor, f"{os.getpid()}\n{this_command()}\n".encode("utf-8"))
     return descriptor
+
+
+def this_command() -> str:
+    """This process's command line, as the lock file records it for a second process to name: `python -m
+    transformer_lib choose --checkpoint runs/t1`, `python train.py`, a notebook's kernel; one line, at most 300
+    characters."""
+    argv = list(sys.argv) or ["python"]
+    main = Path(argv[0])
+    if main.name in ("__main__.py", "cli.py") and main.parent.name == "transformer_lib":
+        words = ["python", "-m", "transformer_lib", *argv[1:]]
+    else:
+        words = ["python", *argv]
+    line = " ".join(shlex.quote(word) for word in words).replace("\n", " ")
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 @contextmanager
 def lock_run_folder(out_dir: str | Path) -> Iterator[Path]:
     """Hold the run folder (creating it) so that no second process trains there at the same time.
 
-    A second process fails at once with RunFolderInUseError naming the folder and the holder's pid. The lock is an
+    A second process fails at once with RunFolderInUseError naming the folder, the holder's pid and its command
+    (this_command, which the lock file holds under the pid: `train`, `choose`, a notebook). The lock is an
     flock on out_dir/.lock, which the kernel releases when its process dies, so a killed run leaves no stale lock.
     The same process may enter again (a notebook re-running a cell). On entry, temporary files that a killed
     writer left (.checkpoint.pt.RANDOM.tmp, ...) are removed; on exit, the lock file goes, and so does the folder if

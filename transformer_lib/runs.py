@@ -5,7 +5,8 @@
   writes never replaces a run's file or a file of another kind; `kept_epochs`, `remove_epochs_after`: the epoch
   files a run keeps, checked against its checkpoint.
 - `write_decoding`, `read_decoding`: the decoding settings chosen for a run (decoding.json in its folder).
-- `read_run_record`: the run record of a run's checkpoint, read without loading its weights.
+- `read_run_record`, `steps_trained`: the run record of a run's checkpoint, and the steps it has trained, read
+  without loading its weights.
 """
 
 from __future__ import annotations
@@ -222,6 +223,13 @@ def read_run_record(path: str | Path) -> dict:
                               f"train_translator (chapter 7's train and older versions write such files); translating, "
                               f"evaluating and resuming need a run folder written by `python -m transformer_lib train`")
     return extra
+
+
+def steps_trained(path: str | Path) -> int:
+    """The optimizer steps a run's checkpoint file has trained, read without loading its weights (mmap)."""
+    with checkpoint_errors(path):
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    return check_checkpoint(saved, path, ("state",))["state"]["step"]
 
 
 def kept_epochs(run_folder: str | Path) -> list[int]:
