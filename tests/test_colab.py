@@ -23,6 +23,7 @@ def run_cell(monkeypatch, capsys, upgrades: dict[str, str], extras=()):
                         lambda: {"torch": ["torch"], "numpy": ["numpy"], "tokenizers": ["tokenizers"]})
     for name in ("torch", "numpy"):  # already imported by the kernel, as Colab's numpy is
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.delitem(sys.modules, "tokenizers", raising=False)  # not imported yet (whatever this process did)
     commands = []
 
     def pip(command, check):
