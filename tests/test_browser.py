@@ -155,15 +155,22 @@ LAYOUT_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("width", [1280, 390])
-@pytest.mark.parametrize("name", pages())
-def test_layout_fits_at_desktop_and_phone_width(browser, name, width):
+def open_at_width(browser, name: str, width: int):
+    """The built page `name` in a new browser page `width` px wide, its maths served offline when it must be (skipped,
+    saying why, when a page with maths cannot get MathJax)."""
     if page_has_maths(name) and mathjax_missing():
         pytest.skip(mathjax_missing())
     page = browser.new_page(viewport={"width": width, "height": 1000})
     if local_mathjax():
         serve_offline(page)
     page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
+    return page
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("name", pages())
+def test_layout_fits_at_desktop_and_phone_width(browser, name, width):
+    page = open_at_width(browser, name, width)
     if page.locator(".math").count():  # display equations have their width once MathJax has typeset them
         page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
     problems = page.evaluate(LAYOUT_JS)
@@ -296,12 +303,7 @@ def test_figures_tables_and_charts_read_at_desktop_and_phone_width(browser, name
     """Every figure's smallest text at least MIN_TEXT_PX as shown (SVG diagrams: read from the file; chapter 3's
     plots: 11 points at the PNG's dpi, as shown); every box that scrolls sideways says so, its caption whole; the
     charts' legends on the screen or a cue that they scroll; no name in code broken across lines."""
-    if page_has_maths(name) and mathjax_missing():
-        pytest.skip(mathjax_missing())
-    page = browser.new_page(viewport={"width": width, "height": 1000})
-    if local_mathjax():
-        serve_offline(page)
-    page.goto((HTML / f"{name}.html").as_uri(), wait_until="load")
+    page = open_at_width(browser, name, width)
     if page.locator('[id^="altair-viz-"]').count():
         if not local_vega():
             pytest.skip("this page has an interactive figure, and no local Vega: set TRANSFORMER_BOOK_VEGA (.ci/run)")
