@@ -35,6 +35,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "dropout-0.3": ("dropout 0.3 instead of 0.1", {"model": {"dropout": 0.3}}),
     "learned-positions": ("learned positional embeddings instead of sinusoids (chapter 2)",
                           {"model": {"positional": "learned"}}),
+    # Part III (chapter 10): what came after 2017, seeds 0 and 1 declared before any ran
+    "rms-norm": ("pre-norm with RMSNorm instead of LayerNorm (chapter 10); compared with pre-norm too",
+                 {"model": {"norm_first": True, "norm": "rms"}}),
+    "swiglu": ("a SwiGLU feed-forward network, 2/3 of d_ff wide, instead of the ReLU one (chapter 10)",
+               {"model": {"ffn": "swiglu"}}),
 }
 
 

@@ -26,6 +26,8 @@ from transformer_lib.embedding import (
 from transformer_lib.explorers import attention_explorer, beam_explorer
 from transformer_lib.masks import causal_mask, padding_mask, target_mask
 from transformer_lib.model import (
+    FEED_FORWARDS,
+    NORMS,
     POSITIONAL_ENCODINGS,
     Decoder,
     DecoderLayer,
@@ -38,6 +40,7 @@ from transformer_lib.model import (
     count_parameters,
 )
 from transformer_lib.multihead import MultiHeadAttention, explicit_attention
+from transformer_lib.since_2017 import RMSNorm, SwiGLUFeedForward, swiglu_width  # fills NORMS and FEED_FORWARDS
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from transformer_lib.runtime import get_device, is_smoke, smoke_or  # the smoke switch: the book's, not in __all__
 from transformer_lib.scoring import bootstrap_interval, corpus_scores, paired_bootstrap, tutorial_bleu
@@ -64,15 +67,19 @@ __all__ = [
     "EOS_ID",
     "Encoder",
     "EncoderLayer",
+    "FEED_FORWARDS",
     "KVCache",
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
+    "NORMS",
     "PAD_ID",
     "POSITIONAL_ENCODINGS",
     "PositionwiseFeedForward",
+    "RMSNorm",
     "SPECIAL_TOKENS",
     "SinusoidalPositionalEncoding",
     "SublayerConnection",
+    "SwiGLUFeedForward",
     "TokenEmbedding",
     "TrainState",
     "Transformer",
@@ -104,6 +111,7 @@ __all__ = [
     "padding_mask",
     "paired_bootstrap",
     "save_checkpoint",
+    "swiglu_width",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
     "target_mask",
