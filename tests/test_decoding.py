@@ -13,14 +13,20 @@ from copy_task import CFG, fresh
 from test_translation import small_model
 
 
+# Every model option that changes a decoder layer (chapters 6 and 10): the cache must hold for each
+MODEL_OPTIONS = {"post-norm": {}, "pre-norm": {"norm_first": True}, "rms-norm": {"norm_first": True, "norm": "rms"},
+                 "post-rms-norm": {"norm": "rms"}, "swiglu": {"ffn": "swiglu"},
+                 "all": {"norm_first": True, "norm": "rms", "ffn": "swiglu"}}
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_cached_and_uncached_decoding_agree(norm_first, device):
+@pytest.mark.parametrize("options", list(MODEL_OPTIONS))
+def test_cached_and_uncached_decoding_agree(options, device):
     # On CUDA too the products are float32 (TF32, 10 mantissa bits, is off by PyTorch's default), so the cache
     # changes only the order of the sums, and the tolerance below holds there as well.
     assert torch.get_float32_matmul_precision() == "highest", "this comparison needs float32 matrix products"
     torch.manual_seed(0)
-    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.0, norm_first=norm_first)).to(device).eval()
+    model = tl.Transformer(tl.TransformerConfig(**CFG, dropout=0.0, **MODEL_OPTIONS[options])).to(device).eval()
     src = torch.randint(4, 20, (5, 9)).to(device)
     src[1, 6:] = 0
     tgt = torch.randint(4, 20, (5, 7)).to(device)

@@ -476,6 +476,26 @@ def _rollout_variant(weights, share=0.5, renormalise=True, reverse=False):
     return rollout
 
 
+def rms_norm(x, weight, eps):  # in float32 whatever x's type, then back
+    x32 = x.float()
+    return (x32 / torch.sqrt((x32 * x32).mean(dim=-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rms_norm_by_norm(x, weight, eps):  # the root mean square is the 2-norm over sqrt(d), scaled first to stay in range
+    x64 = x.double()
+    rms = torch.sqrt(torch.linalg.vector_norm(x64, dim=-1, keepdim=True) ** 2 / x.size(-1) + eps)
+    return (weight.double() * x64 / rms).to(x.dtype)
+
+
+def rms_norm_variant(x, weight, eps, how=""):
+    x_ = x if how == "own dtype" else x.float()
+    if how == "centred":
+        x_ = x_ - x_.mean(-1, keepdim=True)
+    mean_square = x_.pow(2).mean(dim=(-2, -1) if how == "two dims" and x.dim() > 1 else -1, keepdim=True)
+    rms = mean_square.sqrt() + eps if how == "eps outside" else (mean_square + eps).sqrt()
+    return (x_ / rms).to(x.dtype) * (1 if how == "no gain" else weight)
+
+
 CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
@@ -489,6 +509,7 @@ CORRECT = {
     "grade_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
     "grade_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
     "grade_attention_rollout": [attention_rollout, attention_rollout_from_the_last_layer],
+    "grade_rms_norm": [rms_norm, rms_norm_by_norm],
 }
 
 
@@ -828,6 +849,19 @@ MUTANTS = {
         ("last layer only", lambda weights: _rollout_variant(weights[-1:]),
          r"Likely cause: only the last layer is used"),
         ("one row per layer", lambda weights: weights.mean(0), r"values differ"),
+    ],
+    "grade_rms_norm": [
+        ("LayerNorm", lambda x, weight, eps: rms_norm_variant(x, weight, eps, "centred"),
+         r"Likely cause: the features were centred first"),
+        ("eps outside the root", lambda x, weight, eps: rms_norm_variant(x, weight, eps, "eps outside"),
+         r"Likely cause: eps is added to the root mean square"),
+        ("squares in float16", lambda x, weight, eps: rms_norm_variant(x, weight, eps, "own dtype"),
+         r"Likely cause: the mean of the squares was computed in x's own type"),
+        ("mean over two dimensions", lambda x, weight, eps: rms_norm_variant(x, weight, eps, "two dims"),
+         r"Likely cause: the mean runs over the last two dimensions"),
+        ("no gain", lambda x, weight, eps: rms_norm_variant(x, weight, eps, "no gain"),
+         r"Likely cause: the gain is missing"),
+        ("float32 out", lambda x, weight, eps: rms_norm(x, weight, eps).float(), r"expected dtype torch\.float16"),
     ],
 }
 

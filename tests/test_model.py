@@ -147,6 +147,8 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         (dict(norm_first="no"), "norm_first must be True or False, got 'no'"),  # 'no' is truthy: it meant pre-norm
         (dict(tie_embeddings=1), "tie_embeddings must be True or False, got 1"),
         (dict(share_embeddings=None), "share_embeddings must be True or False, got None"),
+        (dict(norm="batch"), "norm must be one of 'layer', 'rms', got 'batch'"),  # chapter 10 adds 'rms'
+        (dict(ffn="gelu"), "ffn must be one of 'relu', 'swiglu', got 'gelu'"),
     ],
 )
 def test_bad_configurations(changes, message):

@@ -29,6 +29,7 @@ from .ch06_encoder_decoder import grade_parameter_count
 from .ch07_training_toy import grade_label_smoothed_loss
 from .ch08_translation import grade_average_checkpoints
 from .ch09_attention_heatmaps import grade_attention_rollout
+from .ch10_since_2017 import grade_rms_norm
 from .engine import Diagnosis, ExerciseGradeError, grade_against
 
 # The grader of every coding exercise of the book, by the exercise's label.
@@ -44,6 +45,7 @@ EXERCISE_GRADERS: dict[str, Callable[..., None]] = {
     "ex-training-toy-smoothing": grade_label_smoothed_loss,
     "ex-translation-average-checkpoints": grade_average_checkpoints,
     "ex-heatmaps-rollout": grade_attention_rollout,
+    "ex-since-rms-norm": grade_rms_norm,
 }
 
 __all__ = [
@@ -61,5 +63,6 @@ __all__ = [
     "grade_label_smoothed_loss",
     "grade_packed_mask",
     "grade_parameter_count",
+    "grade_rms_norm",
     "grade_sinusoidal_encoding",
 ]
