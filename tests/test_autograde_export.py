@@ -148,7 +148,8 @@ def test_otter_assign_builds_the_assignment_and_otter_run_gives_the_answer_full_
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    student, solved = folder / "dist" / "student" / "04_masking.ipynb", folder / "dist" / "autograder" / "04_masking.ipynb"
+    student = folder / "dist" / "student" / "04_masking.ipynb"
+    solved = folder / "dist" / "autograder" / "04_masking.ipynb"
     (autograder,) = (folder / "dist" / "autograder").glob("*.zip")
     student_text = student.read_text()
     assert 'raise NotImplementedError(\\"Exercise: write my_packed_mask\\")' in student_text

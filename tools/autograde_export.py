@@ -54,8 +54,8 @@ STUB_TAG, SOLUTION_TAG = "exercise-stub", "solution"
 PUBLIC_SEED = 0  # the public checks' inputs: the grader's own cases, drawn with this seed
 STRICT = "TRANSFORMER_LIB_STRICT_GRADING"  # set to 1, an untouched stub fails (transformer_lib/grading/engine.py)
 
-_EXERCISE = re.compile(r"^:::\{exercise\}[ \t]*(?P<title>[^\n]*)\n:label:[ \t]*(?P<label>\S+)\n(?P<body>.*?)\n:::[ \t]*$",
-                       re.M | re.S)
+_EXERCISE = re.compile(
+    r"^:::\{exercise\}[ \t]*(?P<title>[^\n]*)\n:label:[ \t]*(?P<label>\S+)\n(?P<body>.*?)\n:::[ \t]*$", re.M | re.S)
 _DIFFICULTY = re.compile(r"\*\*Difficulty:\*\*\s*(?P<stars>[★☆]{3})\s*·\s*\*\*Time:\*\*\s*(?P<minutes>\d+)\s*min")
 _ROLE = re.compile(r"\{[\w:-]+\}`(?P<text>[^`<]*?)\s*(?:<[^`>]*>)?`")  # {cite:p}`key`, {ref}`text <target>`
 
@@ -189,7 +189,8 @@ def free_names(function: ast.FunctionDef) -> set[str]:
     """The names a def reads that neither it nor Python's builtins define (annotations and defaults included)."""
     stored = {arg.arg for arg in ast.walk(function) if isinstance(arg, ast.arg)}
     stored |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
-    stored |= {n.name for n in ast.walk(function) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n is not function}
+    stored |= {n.name for n in ast.walk(function)
+               if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n is not function}
     loaded = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return loaded - stored - set(dir(builtins)) - {function.name}
 
@@ -225,7 +226,8 @@ def read_exercises(path: Path) -> list[Exercise]:
             raise ExportError(f"{where}: the cell tagged {STUB_TAG} defines no function named my_*")
         grader = _grader_call(tree, stub.name)
         if grader is None:
-            raise ExportError(f"{where}: the stub cell does not call a grader on {stub.name} (e.g. grade_x({stub.name}))")
+            raise ExportError(f"{where}: the stub cell does not call a grader on {stub.name} "
+                              f"(e.g. grade_x({stub.name}))")
         if directive is None:
             raise ExportError(f"{where}: the stub {stub.name} comes before any {{exercise}} directive")
         place, match = directive
@@ -252,7 +254,8 @@ def read_exercises(path: Path) -> list[Exercise]:
         body = match["body"]
         difficulty = _DIFFICULTY.search(body)
         if difficulty is None:
-            raise ExportError(f"{where}: the exercise {label} has no '**Difficulty:** ★★☆ · **Time:** N min' line")
+            raise ExportError(f"{where}: the exercise {label} has no "
+                              f"'**Difficulty:** ★★☆ · **Time:** N min' line")
         text = _clean_markdown(body[: difficulty.start()] + body[difficulty.end() :])
         found.append(Exercise(
             chapter=chapter, number=f"{number}.{place}", label=label, title=match["title"].strip(),
