@@ -160,6 +160,17 @@ def test_otter_assign_builds_the_assignment_and_otter_run_gives_the_answer_full_
     assert _otter_run(otter, autograder, solved, tmp_path / "solved") == (2, 2)
     assert _otter_run(otter, autograder, student, tmp_path / "unsolved") == (0, 2)
 
+    # For Colab: the student's notebook installs otter-grader and fetches its public tests from the given address.
+    colab = tmp_path / "colab"
+    url = "https://example.org/course/tests"
+    assert ae.main(["otter", "--chapter", "4", "--out", str(colab), "--colab", "--tests-url", url]) == 0
+    done = subprocess.run([otter, "assign", "--no-run-tests", "04_masking.ipynb", "dist"], cwd=colab / "04_masking",
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads((colab / "04_masking" / "dist" / "student" / "04_masking.ipynb").read_text())["cells"]
+    first = ["".join(cell["source"]) for cell in cells[:2]]
+    assert first[0] == "%pip install -q otter-grader" and f'otter.Notebook(tests_url_prefix="{url}")' in first[1]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Refusals
