@@ -232,3 +232,10 @@ def test_each_reference_the_guide_names_passes_its_exercises_grader():
         answer = ANSWER_CALLS.get(function, lambda f: f)(found)
         answer.__name__ = function
         EXERCISE_GRADERS[label](answer, seed=0)  # raises ExerciseGradeError if it is not an answer
+
+
+def test_the_guide_sends_no_one_to_a_discontinued_service():
+    guide = (BOOK / "instructor_guide.md").read_text(encoding="utf-8").lower()
+    for name in ("github classroom", "classroom.github.com"):  # discontinued on 2026-08-28
+        assert name not in guide, f"book/instructor_guide.md names {name!r}"
+    assert "## grading" in guide and "### otter-grader and gradescope" in guide and "### pytest files" in guide
