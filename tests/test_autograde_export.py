@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,8 @@ def test_otter_assign_builds_the_assignment_and_otter_run_gives_the_answer_full_
     student = folder / "dist" / "student" / "04_masking.ipynb"
     solved = folder / "dist" / "autograder" / "04_masking.ipynb"
     (autograder,) = (folder / "dist" / "autograder").glob("*.zip")
+    with zipfile.ZipFile(autograder) as archive:  # the grading image installs the package the chapter was written for
+        assert (folder / "requirements.txt").read_text().strip() in archive.read("environment.yml").decode()
     student_text = student.read_text()
     assert 'raise NotImplementedError(\\"Exercise: write my_packed_mask\\")' in student_text
     assert "same & real & causal" not in student_text and "same & real & causal" in solved.read_text()
