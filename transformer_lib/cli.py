@@ -18,7 +18,8 @@ import torch
 from transformer_lib.data import CORPORA, SPLITS
 from transformer_lib.decoding import EXTRA_TOKENS
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
-from transformer_lib.files import atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file
+from transformer_lib.files import (atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file,
+                                   without_byte_order_mark)
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
 from transformer_lib.runtime import training_threads
@@ -363,7 +364,7 @@ def _last_loss(history: list) -> str:
 
 
 def _stdin_sentences() -> list[str]:
-    text = decode_text(sys.stdin.buffer.read(), "standard input")
+    text = without_byte_order_mark(decode_text(sys.stdin.buffer.read(), "standard input"), "standard input")
     # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
     # and give more translations than sentences.
     lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []

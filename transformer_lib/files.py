@@ -188,9 +188,28 @@ def read_text(path: str | Path, what: str) -> str:
     return decode_text(Path(path).read_bytes(), f"{what} {str(path)!r}")
 
 
+BYTE_ORDER_MARK = "\ufeff"
+
+
+def without_byte_order_mark(text: str, what: str) -> str:
+    """Sentences' text without the byte order mark that some editors write first (Windows Notepad, Excel's "CSV
+    UTF-8"): it says the file is UTF-8 and is no part of the first sentence, where it would be scored as a character
+    (a hypothesis file with one scored 99.94 BLEU against its own text). One at the start of a later line, as `cat`
+    leaves when it joins two such files, is refused in one line naming the line: reading on would score it."""
+    text = text.removeprefix(BYTE_ORDER_MARK)
+    later = text.find("\n" + BYTE_ORDER_MARK)
+    if later >= 0:
+        line = text.count("\n", 0, later) + 2
+        raise ValueError(f"{what} has a byte order mark (U+FEFF) at the start of line {line}, where a file that was "
+                         f"joined to another one keeps it (e.g. by `cat`); expected it only before line 1: remove it, "
+                         f"e.g. with `sed -i 's/^\\xEF\\xBB\\xBF//' FILE`")
+    return text
+
+
 def read_lines(path: str | Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not."""
-    text = read_text(path, what)
+    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not.
+    A byte order mark before the first line is read as the encoding mark it is (without_byte_order_mark)."""
+    text = without_byte_order_mark(read_text(path, what), f"{what} {str(path)!r}")
     if not text:
         raise ValueError(f"{what} {str(path)!r} is empty; expected one sentence per line")
     lines = text.split("\n")
