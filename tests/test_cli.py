@@ -399,6 +399,15 @@ def test_special_token_text_on_stdin_is_refused_naming_the_line(monkeypatch, cap
     assert code == 1 and "line 3 of standard input contains '<pad>'" in one_error_line(err)
 
 
+@pytest.mark.parametrize("sentence, what", [("Ein \udcff Hund.", "byte 0xff at character 5"),
+                                             ("\ud83d Hund.", "a lone surrogate, U+D83D, at character 1")])
+def test_a_sentence_argument_that_was_not_utf8_is_one_line(capsys, sentence, what):
+    # a terminal that is not UTF-8 passes bytes that Python keeps as lone surrogates: the tokenizer's TypeError was
+    # called a bug in transformer_lib
+    code, _, err = run_main(capsys, "translate", "--checkpoint", "nowhere", "Ein Hund.", sentence)
+    assert code == 1 and f"sentence 2 is not UTF-8 text ({what})" in one_error_line(err)
+
+
 # ---- checkpoints that load but do not fit ----
 
 

@@ -581,6 +581,9 @@ def test_what_a_model_may_be_is_said_once_by_transformer_config():
         ({"model": {"dropout": None}}, r"model.dropout must be a number in \[0, 1\), got None"),
         ({"model": {"n_heads": 5}}, "setting model.d_model must be divisible by n_heads"),
         ({"training": {"max_tokens": 64}}, "max_tokens must be at least model.max_len=128"),
+        ({"training": {"keep_checkpoints": 10**18}}, r"keep_checkpoints must be an integer from 1 to 1,000 \(epochs"),
+        ({"decoding": {"average_last": 10**18}}, r"average_last must be an integer from 1 \(the final weights\) to "
+                                                 r"1,000 \(epochs averaged\), got 1000000000000000000"),
     ],
 )
 def test_bad_settings_name_the_key_the_value_and_what_is_allowed(overrides, message):

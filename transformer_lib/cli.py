@@ -377,8 +377,21 @@ def _stdin_sentences() -> list[str]:
     return [line for _, line in kept]
 
 
+def _check_argument_text(sentences: list[str]) -> None:
+    """A sentence on the command line whose bytes were not UTF-8 (Python keeps each such byte as a lone surrogate,
+    U+DC80 to U+DCFF, which the tokenizer cannot take): one line naming the sentence and the byte."""
+    for number, sentence in enumerate(sentences, 1):
+        bad = next((index for index, char in enumerate(sentence) if "\ud800" <= char <= "\udfff"), None)
+        if bad is not None:
+            code = ord(sentence[bad])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate, U+{code:04X},"
+            raise ValueError(f"sentence {number} is not UTF-8 text ({what} at character {bad + 1}); give it as "
+                             f"UTF-8 text, from a terminal set to UTF-8 (check `locale`)")
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     if args.sentences:
+        _check_argument_text(args.sentences)
         check_sentences(args.sentences, [f"sentence {number}" for number in range(1, len(args.sentences) + 1)])
         sentences = args.sentences
     else:
