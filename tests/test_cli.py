@@ -601,7 +601,10 @@ def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_ch
     result = cli("choose", "--checkpoint", str(run), "--beam", "1", "--limit", "100")
     line = one_error_line(result.stderr)
     assert result.returncode == 1 and f"{run} finished 2 epochs and keeps 2 of them, so it should hold the weights " \
-        "of epochs 1, 2, but holds those of epochs 2" in line, result.stderr
+        "of epochs 1, 2, but holds those of epochs 2: the file of epoch 1 was removed" in line, result.stderr
+    assert "resume" not in line  # a finished run has nothing to train: the final weights alone need no epoch file
+    result = cli("choose", "--checkpoint", str(run), "--beam", "1", "--limit", "100", "--average", "1")
+    assert result.returncode == 0 and "error" not in result.stderr, result.stderr
 
 
 def test_sentences_are_named_as_the_user_gave_them(tmp_path, capsys, monkeypatch):

@@ -724,6 +724,33 @@ def test_a_lock_file_that_is_a_folder_or_a_link_is_one_line(tmp_path, kind):
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_a_run_folder_that_cannot_be_written_is_named_as_such_not_as_a_foreign_lock(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    if os.geteuid() != 0:  # a real read-only folder (root may write anyway: then the refusal of the OS is made up)
+        run.chmod(0o555)
+    else:
+        real_open = os.open
+
+        def refused(path, *args, **kwargs):
+            if Path(path).name == ".lock":
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(guards.os, "open", refused)
+    try:
+        with pytest.raises(PermissionError) as caught:
+            with guards.lock_run_folder(run):
+                pass
+    finally:
+        run.chmod(0o755)
+    message = str(caught.value)
+    assert message.startswith(f"the run folder {str(run)!r} cannot be written (Permission denied: its lock file "
+                              f"cannot be created)") and "\n" not in message, message
+    assert "move it away" not in message and "foreign" not in message and caught.value.errno == 13
+    assert sorted(p.name for p in run.iterdir()) == []
+
+
 HOLD_SCRIPT = """
 import sys
 from transformer_lib import guards

@@ -475,7 +475,8 @@ def cmd_choose(args: argparse.Namespace) -> int:
         _load(args.checkpoint)  # the one-line message for a missing checkpoint
     run = read_run_record(checkpoint)["run"]
     folder = checkpoint.parent
-    kept = len(kept_epochs(folder))  # every epoch the run should keep, or one line
+    final_only = args.average is not None and set(args.average) == {1}  # the final weights need no epoch file
+    kept = 1 if final_only else len(kept_epochs(folder))  # every epoch the run should keep, or one line
     if any(n > max(kept, 1) for n in args.average or []):
         raise ValueError(f"--average {max(args.average)}: {folder} keeps the weights of {kept} epochs (training "
                          f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")
