@@ -260,20 +260,30 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
         print(f"{args.variant} seed {args.seed}: " + ("diverged" if record["diverged"] else
               f"{record['steps']} steps, {record['minutes']:.1f} min, test BLEU {record['test']['bleu']:.2f}"))
         return 0
-    todo, done = [], []
+    todo, asked = [], set()
     for seed in dict.fromkeys(args.seeds):
         for variant in dict.fromkeys(args.variants):
             path = record_path(args.out, variant, seed)
+            asked.add(path)
             if args.overwrite or not (path.exists() or path.is_symlink()):
                 todo.append((variant, seed))
-                continue
-            done.append(read_record(path))  # a corrupt record stops the sweep, named
-            other = differs_from_sweep(done[-1], sweep_of_arguments(args))
-            if other is not None:
-                raise RecordError(f"ablation record {str(path)!r} is of another sweep: {other}; give another --out, "
-                                  f"or --overwrite to run it again with this sweep's settings")
-    if done:
-        check_hypotheses(done, test2016_references(), args.out)
+    # Every record already in the folder, not only this call's variants and seeds, is of this sweep, or nothing
+    # trains: a new seed or variant run with other settings would otherwise land among the folder's records, and
+    # the tables and the appendix would then refuse the folder (read_records). Those --overwrite runs again are not.
+    replaced = {record_path(args.out, variant, seed) for variant, seed in todo}
+    kept = []
+    for path in sorted(args.out.glob("*-seed*.json")):
+        if path in replaced:
+            continue
+        kept.append(read_record(path))  # a corrupt record stops the sweep, named
+        other = differs_from_sweep(kept[-1], sweep_of_arguments(args))
+        if other is not None:
+            advice = ("--overwrite to run it again with this sweep's settings" if path in asked else
+                      "the folder's own settings (the record holds them)")
+            raise RecordError(f"ablation record {str(path)!r} in --out {str(args.out)!r} is of another sweep: "
+                              f"{other}; nothing was trained: give another --out, or run with {advice}")
+    if kept:
+        check_hypotheses(kept, test2016_references(), args.out)
     logs = args.out / "logs"
     if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
         raise ValueError(f"{str(logs)!r} is a link or a file, not the folder of the runs' logs; nothing is written "

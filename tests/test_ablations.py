@@ -175,6 +175,14 @@ def test_the_records_are_checked_when_read_and_a_bad_or_foreign_one_is_named_in_
 
     # a sweep of another length (a quick trial's records in the sweep's folder) is not taken for a finished run
     refused([*quick[:7], "2", *quick[8:]], str(path), "epochs_asked 1 where this sweep has 2")
+    # nor does a new seed of another preset or length land among the folder's records: refused before it trains
+    new_seed = [*quick[:13], "1", *quick[14:]]
+    assert new_seed[2:4] == ["--preset", "tiny"] and new_seed[6:8] == ["--epochs", "1"] and "0" not in new_seed
+    for argv, differs in (([*new_seed[:7], "2", *new_seed[8:]], "epochs_asked 1 where this sweep has 2"),
+                          ([*new_seed[:3], "multi30k-cpu", *new_seed[4:]], "preset 'tiny' where this sweep has")):
+        refused(argv, str(path), f"--out {str(out)!r}", differs, "nothing was trained", "the folder's own settings")
+        assert sorted(p.name for p in out.glob("*.json")) == ["baseline-seed0.json"]
+        assert not (out / "logs" / "baseline-seed1.log").exists()
     damaged = {
         "is not valid JSON": lambda: path.write_text('{"variant": "baseline", ', encoding="utf-8"),
         "lacks": lambda: write_checked_json(path, {k: v for k, v in good.items() if k != "test"}),

@@ -45,7 +45,7 @@ def test_every_coding_exercise_is_read_with_its_grader_answer_and_imports():
     assert sorted(e.label for e in exercises) == sorted(EXERCISE_GRADERS)
     for e in exercises:
         assert EXERCISE_GRADERS[e.label].__name__ == e.grader
-        assert re.fullmatch(r"[1-9]\.\d", e.number) and e.stars.count("★") in (1, 2, 3) and e.minutes > 0, e
+        assert re.fullmatch(r"[1-9]\d?\.\d", e.number) and e.stars.count("★") in (1, 2, 3) and e.minutes > 0, e
         assert ":label:" not in e.text and "**Difficulty:**" not in e.text and "{cite" not in e.text, e.label
         for source in (e.stub, e.solution):  # each def stands alone with the imports found for it
             namespace: dict = {}

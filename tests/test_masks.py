@@ -34,3 +34,5 @@ def test_bad_inputs_are_named():
         tl.padding_mask(torch.zeros(2, 3), 0)
     with pytest.raises(ValueError, match="size must be a positive integer, got 0"):
         tl.causal_mask(0)
+    with pytest.raises(ValueError, match="size must be a positive integer, got 2.5"):  # was torch's TypeError
+        tl.causal_mask(2.5)

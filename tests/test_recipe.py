@@ -293,6 +293,21 @@ def test_resuming_removes_the_epoch_files_a_stopped_run_left_after_its_checkpoin
     assert "removed epoch-008.pt, epoch-009.pt from" in capsys.readouterr().out
     assert runs.kept_epochs(out) == [1, 2]  # the new epoch's weights kept, checked against the checkpoint
 
+    # what kept_epochs advises depends on what is wrong: files beyond the checkpoint go by resuming; a removed one
+    # does not come back by training (a finished run has nothing to train): restore it, or use the final weights
+    (out / "epoch-003.pt").write_bytes((out / "epoch-001.pt").read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"holds those of epochs 1, 2, 3: the files of epochs after the "
+                                                r"checkpoint's were left by a run stopped .* resume the training"):
+        runs.kept_epochs(out)
+    (out / "epoch-003.pt").unlink()
+    (out / "epoch-001.pt").unlink()
+    with pytest.raises(FileNotFoundError) as refused:
+        runs.kept_epochs(out)
+    message = str(refused.value)
+    assert message.endswith("holds those of epochs 2: the file of epoch 1 was removed; restore it (epoch-NNN.pt), or "
+                            "decode with the final weights alone, which need no epoch file (average_last=1; python -m "
+                            "transformer_lib choose --average 1)") and "resume" not in message, message
+
 
 # ---- the run's id, carried by every file of the run ----
 

@@ -232,6 +232,20 @@ def test_decoding_json_round_trips_and_refuses_the_test_split(tmp_path):
         runs.read_decoding(run, run_id(run))
 
 
+def test_a_signed_decoding_json_with_an_absurd_average_last_is_one_line(tmp_path):
+    # load_translator listed every epoch it asked for: 10**18 of them was a MemoryError, called a bug
+    run = fake_run(tmp_path)
+    path = runs.write_decoding(run, DECODING, "validation", weights="the average of epochs 2-3")
+    huge = 10**18
+    write_checked_json(path, {**read_checked_json(path, "record", "the test"), "average_last": huge,
+                              "weights": f"the average of epochs 1-{huge}"})  # a valid checksum
+    expected = f"decoding file '{path}': average_last must be an integer from 1 (the final weights) to 1,000"
+    for read in (lambda: runs.read_decoding(run, run_id(run)), lambda: tl.load_translator(run, "cpu")):
+        with pytest.raises(ValueError) as refused:
+            read()
+        assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+
+
 def test_decoding_json_of_another_run_or_lacking_its_keys_is_refused_in_one_line(tmp_path):
     """A decoding chosen for one run is never used for another: the run id of the folder's checkpoint must be the one
     decoding.json was written for, and a decoding.json without its run id, weights, split or date is refused."""

@@ -83,6 +83,9 @@ def test_schedule_follows_equation_3():
     assert all(a > b for a, b in zip(values[peak + 1 :], values[peak + 2 :]))
     with pytest.raises(ValueError, match="step must be >= 1, got 0"):
         noam_lr(0, d_model, warmup)
+    for bad in (0, -1, 2.5):  # were a ZeroDivisionError and a comparison of a complex number
+        with pytest.raises(ValueError, match=f"warmup must be a positive integer \\(steps\\), got {bad}"):
+            noam_lr(5, d_model, bad)
     model = torch.nn.Linear(2, 2)
     optimizer, scheduler = make_optimizer(model, d_model, warmup)
     lrs = []
@@ -145,6 +148,9 @@ def test_toy_model_learns_to_copy_and_greedy_decoding_is_right():
     src = copy_batches(99)[0][0]
     out = greedy_decode(model, src, max_len=10, bos_id=tl.BOS_ID, eos_id=tl.EOS_ID)
     assert (out[:, :6] == src).float().mean().item() > 0.9
+    with pytest.raises(ValueError, match="max_len must be a positive integer of at most 31 for this model \\(its "
+                                         "max_len is 32, and <bos> takes one position\\), got 50"):
+        greedy_decode(model, src, max_len=50, bos_id=tl.BOS_ID, eos_id=tl.EOS_ID)  # said up front, not at step 32
     assert (out[:, 6] == tl.EOS_ID).float().mean().item() > 0.9
 
 

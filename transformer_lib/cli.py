@@ -18,7 +18,8 @@ import torch
 from transformer_lib.data import CORPORA, SPLITS
 from transformer_lib.decoding import EXTRA_TOKENS
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
-from transformer_lib.files import atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file
+from transformer_lib.files import (atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file,
+                                   without_byte_order_mark)
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
 from transformer_lib.runtime import training_threads
@@ -363,7 +364,7 @@ def _last_loss(history: list) -> str:
 
 
 def _stdin_sentences() -> list[str]:
-    text = decode_text(sys.stdin.buffer.read(), "standard input")
+    text = without_byte_order_mark(decode_text(sys.stdin.buffer.read(), "standard input"), "standard input")
     # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
     # and give more translations than sentences.
     lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []
@@ -376,8 +377,21 @@ def _stdin_sentences() -> list[str]:
     return [line for _, line in kept]
 
 
+def _check_argument_text(sentences: list[str]) -> None:
+    """A sentence on the command line whose bytes were not UTF-8 (Python keeps each such byte as a lone surrogate,
+    U+DC80 to U+DCFF, which the tokenizer cannot take): one line naming the sentence and the byte."""
+    for number, sentence in enumerate(sentences, 1):
+        bad = next((index for index, char in enumerate(sentence) if "\ud800" <= char <= "\udfff"), None)
+        if bad is not None:
+            code = ord(sentence[bad])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate, U+{code:04X},"
+            raise ValueError(f"sentence {number} is not UTF-8 text ({what} at character {bad + 1}); give it as "
+                             f"UTF-8 text, from a terminal set to UTF-8 (check `locale`)")
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     if args.sentences:
+        _check_argument_text(args.sentences)
         check_sentences(args.sentences, [f"sentence {number}" for number in range(1, len(args.sentences) + 1)])
         sentences = args.sentences
     else:
@@ -461,7 +475,8 @@ def cmd_choose(args: argparse.Namespace) -> int:
         _load(args.checkpoint)  # the one-line message for a missing checkpoint
     run = read_run_record(checkpoint)["run"]
     folder = checkpoint.parent
-    kept = len(kept_epochs(folder))  # every epoch the run should keep, or one line
+    final_only = args.average is not None and set(args.average) == {1}  # the final weights need no epoch file
+    kept = 1 if final_only else len(kept_epochs(folder))  # every epoch the run should keep, or one line
     if any(n > max(kept, 1) for n in args.average or []):
         raise ValueError(f"--average {max(args.average)}: {folder} keeps the weights of {kept} epochs (training "
                          f"setting keep_checkpoints); give counts from 1 to {max(kept, 1)}")

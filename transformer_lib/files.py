@@ -5,6 +5,8 @@ the chapters call in one line each).
   (created exclusively, never through a link), flushed to disk (fsync) and renamed over it with os.replace, so that
   a crash or Ctrl-C leaves either the old file or the new one, never half of one. A target that is a link or not a
   regular file is refused (`check_replaceable`): nothing is written through a link this module did not create.
+  A write that does not fit (a full disk, a file-size limit, a quota) is one OSError line naming the file, why and
+  how much had been written, with the old file in place.
 - `read_text`, `read_json`, `read_settings_file`, `check_data_file`: a file that is not UTF-8, not JSON or not the
   JSON expected gives one line naming it and the place, not a traceback.
 - `write_checked_json`, `read_checked_json`: an evidence file (a run's decoding.json, a scoreboard or ablation
@@ -14,16 +16,23 @@ the chapters call in one line each).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+try:
+    import resource  # the file-size limit named when a write exceeds it (POSIX)
+except ImportError:  # Windows
+    resource = None
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -88,14 +97,72 @@ def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None)
     path = check_replaceable(path)
     descriptor, temporary = _create_temporary(path)  # same folder, so that os.replace is a rename, not a copy
     try:
-        with os.fdopen(descriptor, mode, encoding=encoding if mode == "w" else None) as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            with os.fdopen(descriptor, mode, encoding=encoding if mode == "w" else None) as file:
+                yield file
+                file.flush()
+                os.fsync(file.fileno())
+        except Exception as error:
+            full = _no_room_error(error)
+            if full is None:
+                raise
+            raise _no_room(path, full, temporary.stat().st_size if temporary.exists() else None) from error
         os.replace(temporary, path)
         _fsync_folder(path.parent)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+# The write errors of a file that does not fit: a full disk, a file-size limit (ulimit -f, or a file system's
+# largest file, 4 GB on FAT32) and a used-up disk quota.
+NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EFBIG: "the file is larger than allowed",
+           errno.EDQUOT: "the disk quota is used up"}
+
+
+def _no_room_error(error: BaseException) -> OSError | None:
+    """The OSError of a write that did not fit behind error, or None. torch.save reports it as a RuntimeError
+    ("unexpected pos"), raised while handling the OSError of the write: its context is followed."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_ROOM:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _size(count: int) -> str:
+    """A number of bytes for people: 512 bytes, 3.2 kB, 41.0 MB, 2.1 GB."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def _no_room(path: Path, error: OSError, written: int | None) -> OSError:
+    """One line for a write that did not fit: which file, why, how much was written when it failed (the file needs
+    more), and that the file is as it was before (atomic_open replaces it only once the whole of it is written)."""
+    if error.errno == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else None
+        if limit is not None and limit != resource.RLIM_INFINITY:
+            why, fix = (f"it is larger than this process's file-size limit of {_size(limit)} (ulimit -f)",
+                        "raise the limit (ulimit -f unlimited)")
+        else:
+            why, fix = "it is larger than the file system allows", "write it to another file system"
+    elif error.errno == errno.ENOSPC:
+        try:
+            free = f" ({_size(shutil.disk_usage(path.parent).free)} free)"
+        except OSError:
+            free = ""
+        why, fix = f"the disk is full{free}", "free some space on it, or write to another disk"
+    else:
+        why, fix = "the disk quota is used up", "free some space within the quota"
+    needed = f"; it needs more than the {_size(written)} written when the write failed" if written else ""
+    before = f"{path.name} is as it was before" if path.exists() else f"no {path.name} was written"
+    failure = OSError(f"could not write {path}: {why}{needed}; {before}, and no partial file is left: {fix}, then "
+                      f"run again")
+    failure.errno = error.errno  # what a caller tests (with strerror set too, str() would be "[Errno 28] ...")
+    return failure
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -188,9 +255,28 @@ def read_text(path: str | Path, what: str) -> str:
     return decode_text(Path(path).read_bytes(), f"{what} {str(path)!r}")
 
 
+BYTE_ORDER_MARK = "\ufeff"
+
+
+def without_byte_order_mark(text: str, what: str) -> str:
+    """Sentences' text without the byte order mark that some editors write first (Windows Notepad, Excel's "CSV
+    UTF-8"): it says the file is UTF-8 and is no part of the first sentence, where it would be scored as a character
+    (a hypothesis file with one scored 99.94 BLEU against its own text). One at the start of a later line, as `cat`
+    leaves when it joins two such files, is refused in one line naming the line: reading on would score it."""
+    text = text.removeprefix(BYTE_ORDER_MARK)
+    later = text.find("\n" + BYTE_ORDER_MARK)
+    if later >= 0:
+        line = text.count("\n", 0, later) + 2
+        raise ValueError(f"{what} has a byte order mark (U+FEFF) at the start of line {line}, where a file that was "
+                         f"joined to another one keeps it (e.g. by `cat`); expected it only before line 1: remove it, "
+                         f"e.g. with `sed -i 's/^\\xEF\\xBB\\xBF//' FILE`")
+    return text
+
+
 def read_lines(path: str | Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not."""
-    text = read_text(path, what)
+    """The lines of a UTF-8 text file, one sentence each; an empty last line counts, the final newline does not.
+    A byte order mark before the first line is read as the encoding mark it is (without_byte_order_mark)."""
+    text = without_byte_order_mark(read_text(path, what), f"{what} {str(path)!r}")
     if not text:
         raise ValueError(f"{what} {str(path)!r} is empty; expected one sentence per line")
     lines = text.split("\n")

@@ -38,9 +38,20 @@ def _take_lock(out: Path) -> int:
         try:
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
         except OSError as error:  # a folder, a link (O_NOFOLLOW refuses it) or a file we may not open
-            kind = "a symbolic link" if lock.is_symlink() else "a folder" if lock.is_dir() else "not openable"
-            raise RunFolderInUseError(f"the lock file {lock} is {kind} ({error.strerror}); it must be a regular file "
-                                      f"that only this library writes: move it away and run again") from None
+            if lock.is_symlink() or lock.is_dir():
+                kind = "a symbolic link" if lock.is_symlink() else "a folder"
+                raise RunFolderInUseError(f"the lock file {lock} is {kind} ({error.strerror}); it must be a regular "
+                                          f"file that only this library writes: move it away and run again") from None
+            if not lock.exists():  # nothing foreign there: the folder itself may not be written
+                refused = PermissionError(f"the run folder {str(out)!r} cannot be written ({error.strerror}: its "
+                                          f"lock file cannot be created), and training and choosing a decoding write "
+                                          f"into it: give a folder this user may write to (a copy of the run, e.g. "
+                                          f"`cp -r {out} COPY`), or make it writable")
+                refused.errno = error.errno
+                raise refused from None
+            raise RunFolderInUseError(f"the lock file {lock} cannot be opened for writing ({error.strerror}): another "
+                                      f"user's process may hold the run folder, or a run of that user left it; wait "
+                                      f"until it ends, or have that user remove the file") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it when its process dies
         except BlockingIOError:

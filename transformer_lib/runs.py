@@ -245,10 +245,18 @@ def kept_epochs(run_folder: str | Path) -> list[int]:
     kept = sorted(int(m.group(1)) for entry in folder.iterdir() if (m := EPOCH_FILE.fullmatch(entry.name)))
     if kept != expected:
         shown = ", ".join(map(str, kept)) or "none"
+        missing = [epoch for epoch in expected if epoch not in kept]
+        if missing:  # removed (or lost): training again would not bring back the weights of epochs it has trained
+            why = (f"the file{'s' if len(missing) > 1 else ''} of epoch{'s' if len(missing) > 1 else ''} "
+                   f"{', '.join(map(str, missing))} {'were' if len(missing) > 1 else 'was'} removed; restore "
+                   f"{'them' if len(missing) > 1 else 'it'} (epoch-NNN.pt), or decode with the final weights alone, "
+                   f"which need no epoch file (average_last=1; python -m transformer_lib choose --average 1)")
+        else:  # only epochs after the checkpoint's: a run stopped before its checkpoint caught up
+            why = (f"the files of epochs after the checkpoint's were left by a run stopped before its checkpoint "
+                   f"caught up; resume the training, which removes them (python -m transformer_lib train --resume "
+                   f"--out {folder}), or remove them")
         raise FileNotFoundError(f"{folder} finished {finished} epochs and keeps {keep} of them, so it should hold the "
                                 f"weights of epochs {', '.join(map(str, expected)) or 'none'}, but holds those of "
-                                f"epochs {shown}: a file was removed, or left by a run stopped before its checkpoint "
-                                f"caught up; resume the training (python -m transformer_lib train --resume --out "
-                                f"{folder}) or restore the files")
+                                f"epochs {shown}: {why}")
     return kept
 

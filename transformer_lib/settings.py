@@ -55,6 +55,8 @@ def check_chosen_on(chosen_on: Any, what: str = "chosen_on") -> str:
 
 
 MAX_BEAM = 32  # wider beams multiply the decoding time and memory by the beam size
+MAX_AVERAGED = 1000  # epochs whose weights a run keeps and averages: the paper averages 5 or 20 checkpoints; a count
+# without a bound (a signed decoding.json with average_last 10**18) made load_translator list every epoch: MemoryError
 
 RULES: dict[str, dict[str, tuple]] = {
     # part -> key -> (test, what is allowed)
@@ -71,12 +73,14 @@ RULES: dict[str, dict[str, tuple]] = {
         "checkpoint_every": (is_count, "a positive integer (steps between checkpoints)"),
         "bleu_every": (lambda v: is_count(v, 0), "an integer >= 0 (epochs between BLEU scores; 0 for never)"),
         "tokenizer": (lambda v: v in ("bpe", "word"), "'bpe' or 'word'"),
-        "keep_checkpoints": (is_count, "a positive integer (epochs whose weights are kept for averaging)"),
+        "keep_checkpoints": (lambda v: is_count(v) and v <= MAX_AVERAGED,
+                             f"an integer from 1 to {MAX_AVERAGED:,} (epochs whose weights are kept for averaging)"),
     },
     "decoding": {  # also what check_decoding applies to decoding.json
         "beam_size": (lambda v: is_count(v) and v <= MAX_BEAM, f"an integer from 1 (greedy) to {MAX_BEAM}"),
         "alpha": (lambda v: is_number(v) and 0 <= v <= 10, "a number from 0 (no length penalty) to 10"),
-        "average_last": (is_count, "a positive integer (epochs averaged; 1 for the final weights)"),
+        "average_last": (lambda v: is_count(v) and v <= MAX_AVERAGED,
+                         f"an integer from 1 (the final weights) to {MAX_AVERAGED:,} (epochs averaged)"),
     },
 }
 
