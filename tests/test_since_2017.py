@@ -116,3 +116,84 @@ def test_a_checkpoint_keeps_the_options_and_an_old_one_without_them_loads(tmp_pa
     loaded = model_from_checkpoint(tl.load_checkpoint(tmp_path / "old.pt"))
     assert (loaded.cfg.norm, loaded.cfg.ffn) == ("layer", "relu")
     assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_rotary_positions_keep_lengths_and_make_scores_depend_on_the_offset_only():
+    torch.manual_seed(0)
+    rope = tl.RotaryPositions(d_k=16, max_len=64)
+    x = torch.randn(2, 3, 20, 16)
+    torch.testing.assert_close(rope(x).norm(dim=-1), x.norm(dim=-1))
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+    for offset in (-4, 0, 9):
+        scores = torch.tensor([(rope(q, m) * rope(k, m + offset)).sum() for m in range(4, 50, 5)])
+        # float32 tables of cos and sin (rounded from float64): about 1e-6 of error per product, 16 of them
+        assert scores.max() - scores.min() < 1e-4, (offset, scores)
+    torch.testing.assert_close(rope(x, 0)[..., 0, :], x[..., 0, :])  # position 0 is not turned
+
+
+def test_rotary_positions_at_a_start_are_the_rows_of_a_longer_sequence():
+    rope = tl.RotaryPositions(d_k=8, max_len=32)
+    x = torch.randn(1, 2, 12, 8)
+    torch.testing.assert_close(rope(x[:, :, 5:], start=5), rope(x)[:, :, 5:])  # what a cache's newest rows get
+
+
+def test_rotary_positions_keep_the_dtype_and_refuse_what_they_cannot_rotate():
+    rope = tl.RotaryPositions(d_k=8, max_len=10)
+    assert rope(torch.randn(1, 1, 3, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="d_k must be a positive even number for rotary positions .* got 7"):
+        tl.RotaryPositions(d_k=7)
+    with pytest.raises(ValueError, match=r"start must be the position of x's first row, an int >= 0, got -1"):
+        rope(torch.randn(1, 1, 3, 8), start=-1)
+    with pytest.raises(ValueError, match="sequence length is 11, longer than max_len=10"):
+        rope(torch.randn(1, 1, 3, 8), start=8)
+
+
+def test_rotate_half_turns_each_pair_by_a_right_angle():
+    assert torch.equal(tl.rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])), torch.tensor([-3.0, -4.0, 1.0, 2.0]))
+
+
+def test_grouped_query_attention_is_multi_head_attention_with_every_head_and_multi_query_with_one():
+    torch.manual_seed(0)
+    d_model, heads = 24, 6
+    x, memory = torch.randn(2, 5, d_model), torch.randn(2, 4, d_model)
+    mask = torch.ones(2, 1, 1, 4, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    mha = tl.MultiHeadAttention(d_model, heads)
+    same = tl.GroupedQueryAttention(d_model, heads, n_kv_heads=heads)
+    same.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(same(x, memory, memory, mask)[0], mha(x, memory, memory, mask)[0])
+    for kv_heads in (1, 2, 3):  # each key/value head repeated for its group equals a full layer with copied heads
+        gqa = tl.GroupedQueryAttention(d_model, heads, n_kv_heads=kv_heads)
+        full = tl.MultiHeadAttention(d_model, heads)
+        group, d_k = heads // kv_heads, d_model // heads
+        with torch.no_grad():
+            for name in ("w_q", "w_o"):
+                getattr(full, name).load_state_dict(getattr(gqa, name).state_dict())
+            for name in ("w_k", "w_v"):
+                weight = getattr(gqa, name).weight.view(kv_heads, d_k, d_model).repeat_interleave(group, dim=0)
+                bias = getattr(gqa, name).bias.view(kv_heads, d_k).repeat_interleave(group, dim=0)
+                getattr(full, name).weight.copy_(weight.reshape(d_model, d_model))
+                getattr(full, name).bias.copy_(bias.reshape(d_model))
+        out, weights = gqa(x, memory, memory, mask, need_weights=True)
+        expected, expected_weights = full(x, memory, memory, mask, need_weights=True)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(weights, expected_weights)
+        k, v = gqa.key_value_heads(memory, memory)
+        assert k.shape == v.shape == (2, kv_heads, 4, d_k)  # what a cache would hold: kv_heads heads, not 6
+        assert tl.count_parameters(gqa) == 2 * (d_model * d_model + d_model) + 2 * (d_model + 1) * kv_heads * d_k
+
+
+def test_grouped_query_attention_refuses_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match=r"n_kv_heads must be a positive divisor of n_heads=8, got 3"):
+        tl.GroupedQueryAttention(32, 8, n_kv_heads=3)
+    with pytest.raises(ValueError, match=r"n_kv_heads must be a positive divisor of n_heads=8, got 0"):
+        tl.GroupedQueryAttention(32, 8, n_kv_heads=0)
+
+
+def test_grouped_query_attention_rotates_queries_and_keys_from_their_start():
+    torch.manual_seed(0)
+    attention = tl.GroupedQueryAttention(16, 4, n_kv_heads=2, rotary=tl.RotaryPositions(4, max_len=20))
+    x = torch.randn(1, 9, 16)
+    q_all, (k_all, _) = attention.query_heads(x), attention.key_value_heads(x, x)
+    torch.testing.assert_close(attention.query_heads(x[:, 6:], start=6), q_all[:, :, 6:])
+    torch.testing.assert_close(attention.key_value_heads(x[:, 6:], x[:, 6:], start=6)[0], k_all[:, :, 6:])

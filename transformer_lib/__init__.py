@@ -40,7 +40,14 @@ from transformer_lib.model import (
     count_parameters,
 )
 from transformer_lib.multihead import MultiHeadAttention, explicit_attention
-from transformer_lib.since_2017 import RMSNorm, SwiGLUFeedForward, swiglu_width  # fills NORMS and FEED_FORWARDS
+from transformer_lib.since_2017 import (  # fills NORMS and FEED_FORWARDS
+    GroupedQueryAttention,
+    RMSNorm,
+    RotaryPositions,
+    SwiGLUFeedForward,
+    rotate_half,
+    swiglu_width,
+)
 from transformer_lib.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from transformer_lib.runtime import get_device, is_smoke, smoke_or  # the smoke switch: the book's, not in __all__
 from transformer_lib.scoring import bootstrap_interval, corpus_scores, paired_bootstrap, tutorial_bleu
@@ -68,6 +75,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FEED_FORWARDS",
+    "GroupedQueryAttention",
     "KVCache",
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
@@ -76,6 +84,7 @@ __all__ = [
     "POSITIONAL_ENCODINGS",
     "PositionwiseFeedForward",
     "RMSNorm",
+    "RotaryPositions",
     "SPECIAL_TOKENS",
     "SinusoidalPositionalEncoding",
     "SublayerConnection",
@@ -110,6 +119,7 @@ __all__ = [
     "pad_batch",
     "padding_mask",
     "paired_bootstrap",
+    "rotate_half",
     "save_checkpoint",
     "swiglu_width",
     "scaled_dot_product_attention",
