@@ -26,7 +26,7 @@ pytest: DIR/exercises.py (the stubs, or with --solutions the book's answers: wha
 (the one file that says where each of the student's functions is imported from), DIR/conftest.py (strict grading)
 and DIR/test_<chapter>.py for each chapter; `python -m pytest DIR` grades.
 
---chapter takes a chapter number (1 to 9) or `all`. An unknown chapter, a chapter without coding exercises and a
+--chapter takes a chapter's number (1, 2, ...) or `all`. An unknown chapter, a chapter without coding exercises and a
 --out folder that exists and is not empty are each refused with one line, before anything is written.
 """
 
@@ -537,7 +537,7 @@ def _refuse_existing(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("format", choices=("otter", "pytest"), help="otter master notebooks, or pytest files")
-    parser.add_argument("--chapter", required=True, help="a chapter number (1 to 9), or all")
+    parser.add_argument("--chapter", required=True, help="a chapter's number, or all")
     parser.add_argument("--out", type=Path, required=True, help="a new folder to write into")
     parser.add_argument("--colab", action="store_true", help="otter: students run the notebook in Colab")
     parser.add_argument("--tests-url", help="otter, with --colab: the URL prefix students' notebooks fetch tests from")
