@@ -105,6 +105,14 @@ def bib_keys() -> set[str]:
     return set(re.findall(r"@\w+\{([^,\s]+),", (BOOK / "references.bib").read_text(encoding="utf-8")))
 
 
+def test_every_bibliography_entry_is_there_once():
+    # a repeated key is a warning of the build's bibtex reader, so -W fails on it: say which key here
+    keys = re.findall(r"@\w+\{([^,\s]+),", (BOOK / "references.bib").read_text(encoding="utf-8"))
+    assert not {key for key in keys if keys.count(key) > 1}, "repeated entries in book/references.bib"
+    text = (BOOK / "references.bib").read_text(encoding="utf-8")
+    assert text.count("{") == text.count("}"), "unbalanced braces in book/references.bib"
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_citations_exist_and_the_paper_is_cited(path):
     text = text_of(load(path), "markdown")
