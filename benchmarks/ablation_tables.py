@@ -18,6 +18,25 @@ def baselines(records: list[dict]) -> dict[int, dict]:
     return {r["seed"]: r for r in records if r["variant"] == "baseline" and not r["diverged"]}
 
 
+def time_to_baseline(records: list[dict]) -> dict[tuple[str, int], dict | None]:
+    """When each trained run's validation curve (greedy BLEU after each epoch, the final weights) first reaches the
+    last point of the baseline's curve of the same seed, keyed by (variant, seed): its "epoch", "step" and
+    "minutes" of training then, and the "target"; None when it never does. The baseline itself reaches it at its last
+    epoch. Runs without a baseline of their seed, or without a curve, are left out."""
+    by_seed = baselines(records)
+    found = {}
+    for run in records:
+        baseline = by_seed.get(run["seed"])
+        if run["diverged"] or baseline is None or not run.get("curve") or not baseline.get("curve"):
+            continue
+        target = baseline["curve"][-1]["valid_bleu"]
+        reached = next((point for point in run["curve"]
+                        if point.get("valid_bleu") is not None and point["valid_bleu"] >= target), None)
+        found[run["variant"], run["seed"]] = None if reached is None else {
+            "epoch": reached["epoch"], "step": reached["step"], "minutes": reached["minutes"], "target": target}
+    return found
+
+
 def significance(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[tuple[str, int], dict]:
     """sacreBLEU's own statistics of each trained run's test2016 BLEU (the decoding it chose on validation), keyed by
     (variant, seed): "mean" and "ci", the bootstrap estimate and the half-width of its 95% interval

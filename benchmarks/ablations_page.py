@@ -266,6 +266,28 @@ def compact_table(title: str, label: str, table: str) -> str:
     return f"```{{table}} {title}\n:class: compact\n:name: {label}\n\n{table}\n```\n"
 
 
+def speed_block(records: list[dict]) -> str:
+    """One row per trained run but the baseline's: the epoch, step and minutes at which its validation curve first
+    reached the final validation BLEU of the baseline of its seed (ablation_tables.time_to_baseline)."""
+    reached = ablation_tables.time_to_baseline(records)
+    epochs = {r["seed"]: r["epochs"] for r in ablation_tables.baselines(records).values()}
+    rows = []
+    for variant in ablation_records.VARIANTS:
+        for run in sorted((r for r in records if r["variant"] == variant and (variant, r["seed"]) in reached),
+                          key=lambda r: r["seed"]):
+            if variant == "baseline":
+                continue
+            point = reached[variant, run["seed"]]
+            target = ablation_tables.baselines(records)[run["seed"]]["curve"][-1]["valid_bleu"]
+            rows.append([variant, str(run["seed"]), _number(target)]
+                        + (["not reached", "–", "–"] if point is None else
+                           [f"{point['epoch']} of {epochs[run['seed']]}", f"{point['step']:,}",
+                            _number(point["minutes"], 1)]))
+    header = ["variant", "seed", "baseline's final validation BLEU", "first epoch at or above it", "step",
+              "minutes of training then"]
+    return markdown_table(header, rows)
+
+
 def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
     kind, *rest = name.split()
     if kind == "runs":
@@ -278,10 +300,13 @@ def render(name: str, records: list[dict], stats: dict, digest: str) -> str:
         return reproduction_block(records)
     if kind == "schedule":
         return schedule_block(records)
+    if kind == "speed":
+        return compact_table("How soon each run reaches the baseline's quality", "table-ablation-speed",
+                             speed_block(records))
     if kind == "verdict":
         return "\n\n".join(verdict(variant, records, stats) for variant in rest) + "\n"
-    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status, reproduction, schedule or "
-                     "verdict VARIANT ...")
+    raise ValueError(f"{PAGE}: unknown block {name!r}; expected runs, summary, status, reproduction, schedule, "
+                     "speed or verdict VARIANT ...")
 
 
 def draw_curves(records: list[dict]) -> None:

@@ -272,7 +272,7 @@ def test_the_appendix_was_made_from_the_records_in_the_repository():
     names = [m["name"] for m in ablations_page.BLOCK.finditer(text)]
     verdicts = {v for name in names if name.startswith("verdict") for v in name.split()[1:]}
     assert verdicts == set(ablation_records.VARIANTS) - {"baseline"}, "every variant has its sentences on the page"
-    assert {"status", "runs", "summary", "reproduction", "schedule"} <= set(names)
+    assert {"status", "runs", "summary", "reproduction", "schedule", "speed"} <= set(names)
 
 
 def test_the_appendix_blocks_are_what_the_records_give():
@@ -341,3 +341,21 @@ def test_a_gap_is_beyond_the_noise_only_when_the_paired_test_and_the_seed_spread
     assert "come with the first baseline" in ablations_page.schedule_block(seeds)
     diverged = seeds[:1] + seeds[2:] + [{"variant": "pre-norm", "seed": 0, "diverged": True, "error": "loss nan at step 12"}]
     assert "seed 0 diverged (loss nan at step 12)" in ablations_page.verdict("pre-norm", diverged, {})
+
+
+def test_time_to_baseline_finds_the_first_epoch_at_or_above_the_baselines_final_validation_bleu():
+    def run(variant: str, seed: int, bleus: list[float], diverged: bool = False) -> dict:
+        curve = [{"epoch": e, "step": 100 * e, "minutes": 2.0 * e, "valid_bleu": b} for e, b in enumerate(bleus, 1)]
+        return {"variant": variant, "seed": seed, "diverged": diverged, "curve": curve, "epochs": len(bleus)}
+
+    records = [run("baseline", 0, [10.0, 20.0, 30.0, 35.0]), run("pre-norm", 0, [15.0, 36.0, 35.5, 37.0]),
+               run("dropout-0.3", 0, [5.0, 10.0, 20.0, 34.9]), run("untied-output", 1, [40.0]),
+               run("no-warmup", 0, [1.0], diverged=True)]
+    found = ablation_tables.time_to_baseline(records)
+    assert found["baseline", 0]["epoch"] == 4  # its own last epoch
+    assert found["pre-norm", 0] == {"epoch": 2, "step": 200, "minutes": 4.0, "target": 35.0}  # the first, not the best
+    assert found["dropout-0.3", 0] is None  # 34.9 < 35.0: never
+    assert ("untied-output", 1) not in found and ("no-warmup", 0) not in found  # no baseline of seed 1; diverged
+    block = ablations_page.speed_block(records)
+    assert "| pre-norm | 0 | 35.00 | 2 of 4 | 200 | 8.0 |" not in block  # minutes are the curve's, 4.0
+    assert "| pre-norm | 0 | 35.00 | 2 of 4 | 200 | 4.0 |" in block and "| dropout-0.3 | 0 | 35.00 | not reached |" in block
