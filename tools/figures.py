@@ -668,58 +668,73 @@ def beam_search_tree() -> plt.Figure:
 
     shown_per_parent = 3
     n_steps = len(steps)
-    fig, ax = canvas(10.0, 6.6)
-    col_w = 8.6 / (n_steps + 0.6)
-    x_of = [0.55 + col_w * (s + 1) for s in range(n_steps)]
-    bw, bh = min(1.15, col_w - 0.35), 0.3
-    # the root
-    root_y = 3.35
-    box(ax, 0.25, root_y - bh / 2, 0.62, bh, "<bos>", color=BROWN, size=8)
-    positions = {(): (0.25 + 0.62, root_y)}  # prefix after <bos> -> right edge and centre of its node
+    size = MIN_TEXT_PT
+    # one column per step, each node two lines (the token, the summed log-probability), so that seven steps fit in a
+    # phone's width at 9 points; the root <bos> is a narrow upright box
+    width, left, right = 5.2, 0.15, 0.15
+    bw, bh, root_w = 0.5, 0.38, 0.26
+    x_first = left + root_w + 0.17
+    pitch = (width - right - x_first - bw) / (n_steps - 1)
+    x_of = [x_first + pitch * s for s in range(n_steps)]
+
+    def shown_children(step: dict, b: int) -> list[int]:
+        """The candidates of parent b drawn: its best few, and every kept one."""
+        children = [i for i, c in enumerate(step["candidates"]) if c["parent"] == b]
+        children.sort(key=lambda i: -step["candidates"][i]["ranked"])
+        return children[:shown_per_parent] + [i for i in children[shown_per_parent:] if i in step["kept"]]
+
+    alive_of = [[b for b, parent in enumerate(step["parents"]) if not parent["finished"]] for step in steps]
+    shown_most = max(sum(len(shown_children(step, b)) for b in alive) for step, alive in zip(steps, alive_of))
+    top_note = 1.0  # the header: the source, the legend, the step numbers
+    tree_h = (bh + 0.09) * (shown_most + 1)  # nodes spaced evenly, half a space more above and below the fullest step
+    bottom_note = 1.7  # the three results and the note under the tree
+    height = top_note + tree_h + bottom_note
+    fig, ax = canvas(width, height)
+    top, bottom = height - top_note, bottom_note
+    root_y = (top + bottom) / 2
+    box(ax, left, root_y - 0.32, root_w, 0.64, "", color=BROWN)
+    text(ax, left + root_w / 2, root_y, "<bos>", size=size, rotation=90)
+    positions = {(): (left + root_w, root_y)}  # prefix after <bos> -> right edge and centre of its node
     best_path = {tuple(best["tokens"][1:][:n]) for n in range(1, len(best["tokens"]))}
-    top, bottom = 5.65, 0.85
     for s, step in enumerate(steps):
         kept = set(step["kept"])
-        shown = []
-        alive = [b for b, parent in enumerate(step["parents"]) if not parent["finished"]]
-        alive.sort(key=lambda b: -positions[tuple(step["parents"][b]["tokens"][1:])][1])  # top to bottom
-        for b in alive:  # each parent's best few candidates, and every kept one
-            children = [i for i, c in enumerate(step["candidates"]) if c["parent"] == b]
-            children.sort(key=lambda i: -step["candidates"][i]["ranked"])
-            chosen = children[:shown_per_parent]
-            chosen += [i for i in children if i in kept and i not in chosen]
-            shown.extend(chosen)
+        alive = sorted(alive_of[s], key=lambda b: -positions[tuple(step["parents"][b]["tokens"][1:])][1])  # top down
+        shown = [i for b in alive for i in shown_children(step, b)]
         ys = torch.linspace(top, bottom, len(shown) + 2)[1:-1].tolist() if len(shown) > 1 else [root_y]
         for y, i in zip(ys, shown):
             c = step["candidates"][i]
             prefix = tuple(c["tokens"][1:])
             is_kept, on_best = i in kept, prefix in best_path
             colour = RED if on_best else (BLUE if is_kept else OFF)
-            label = f"{word(c['tokens'][-1])}  {c['score']:.2f}"
-            box(ax, x_of[s], y - bh / 2, bw, bh, label, color=colour if is_kept else EDGE,
-                fill=LIGHT.get(colour, OFF), size=7.5, text_color=INK if is_kept else MUTED,
-                lw=1.8 if on_best else 1.0, ls="-" if is_kept else ":")
+            box(ax, x_of[s], y - bh / 2, bw, bh, f"{word(c['tokens'][-1])}\n{c['score']:.2f}",
+                color=colour if is_kept else EDGE, fill=LIGHT.get(colour, OFF), size=size,
+                text_color=INK if is_kept else MUTED, lw=1.8 if on_best else 1.0, ls="-" if is_kept else ":",
+                round_=0.05)
             px, py = positions[prefix[:-1]]
             arrow(ax, (px, py), (x_of[s], y), color=(RED if on_best else INK) if is_kept else EDGE,
                   lw=1.5 if on_best else 0.9, style="-", shrink=0.5)
             if is_kept:
                 positions[prefix] = (x_of[s] + bw, y)
-        text(ax, x_of[s] + bw / 2, 5.85, f"step {s + 1}", size=8.5, color=MUTED)
-    text(ax, 0.3, 6.24, f"source: {' '.join(map(str, digits))}", size=9, ha="left", weight="bold")
+        text(ax, x_of[s] + bw / 2, top - 0.05, f"step {s + 1}" if s == 0 else str(s + 1), size=size, color=MUTED)
+    text(ax, left + 0.07, height - 0.32, f"source: {' '.join(map(str, digits))}", size=10, ha="left", weight="bold")
+    lx, ly = left + 0.07, height - 0.68  # the legend
+    for colour, fill, ls, label, w in [(RED, LIGHT[RED], "-", "on the best hypothesis", 2.05),
+                                       (BLUE, LIGHT[BLUE], "-", "kept in the beam", 1.6),
+                                       (EDGE, OFF, ":", "pruned", 0.0)]:
+        box(ax, lx, ly - 0.11, 0.3, 0.22, color=colour, fill=fill, ls=ls)
+        text(ax, lx + 0.38, ly, label, size=size, ha="left")
+        lx += w
     result = text_of(best["tokens"][1:])
     greedy_text = text_of(greedy)
-    text(ax, 0.3, 0.7, f"beam search (k = {k}, α = {alpha}): {result}      greedy decoding: {greedy_text}      "
-         f"correct: {' '.join(map(str, reversed(digits)))}", size=8.5, ha="left")
-    # legend
-    lx = 0.3
-    for j, (colour, fill, ls, label) in enumerate([(RED, LIGHT[RED], "-", "on the best hypothesis"),
-                                                    (BLUE, LIGHT[BLUE], "-", "kept in the beam"),
-                                                    (EDGE, OFF, ":", "pruned")]):
-        box(ax, lx + j * 2.1 + 3.5, 6.13, 0.3, 0.22, color=colour, fill=fill, ls=ls)
-        text(ax, lx + j * 2.1 + 3.88, 6.24, label, size=8, ha="left")
-    text(ax, 0.3, 0.3, "each node: the token added and the summed log-probability of its hypothesis. A hypothesis "
-         "ended by <eos> keeps its place\nuntil better ones push it out; at the end, the winner is the one with the "
-         "best log-probability / length penalty.", size=7.5, color=MUTED, ha="left")
+    for row, (what, tokens) in enumerate([(f"beam search (k = {k}, α = {alpha})", result),
+                                           ("greedy decoding", greedy_text),
+                                           ("correct", " ".join(map(str, reversed(digits))))]):
+        y = bottom - 0.05 - row * 0.24
+        text(ax, left + 0.07, y, what, size=size, ha="left")
+        text(ax, left + 2.45, y, tokens, size=size, ha="left", weight="bold" if row != 1 else "normal")
+    text(ax, left + 0.07, 0.5, "Each node: the token added and the summed log-probability of\nits hypothesis. A "
+         "hypothesis ended by <eos> keeps its place until\nbetter ones push it out; at the end, the winner is the "
+         "one with\nthe best log-probability / length penalty.", size=size, color=MUTED, ha="left")
     return fig
 
 
