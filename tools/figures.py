@@ -261,7 +261,9 @@ def text_to_tensors() -> plt.Figure:
 # ---- chapter 3 ----
 @figure("attention_row.svg", deps=())
 def attention_row() -> plt.Figure:
-    """Chapter 3's soft lookup: one query against four keys, softmax weights, the weighted sum of the values."""
+    """Chapter 3's soft lookup: one query against four keys, softmax weights, the weighted sum of the values. Drawn in
+    two stacked parts, narrow enough for a phone: (1) the query scored against every key and the scores' softmax,
+    (2) each value scaled by its weight and the products summed."""
     names = ["kitten", "wolf", "scooter", "lorry"]
     features = ["animal", "vehicle", "small", "large"]
     keys = torch.tensor([[1.0, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1]])  # (4, 4), as in chapter 3
@@ -271,59 +273,78 @@ def attention_row() -> plt.Figure:
     weights = torch.softmax(scores, dim=-1)  # (4,)
     output = weights @ values  # (2,)
 
-    fig, ax = canvas(10.0, 4.7)
-    cw = 0.42  # width of one number cell
-    top = 3.15  # y of the first row
-    rh = 0.5  # row height
-    kx, sx, wx, vx, px = 1.05, 3.35, 4.55, 6.55, 8.2  # key, score, weight, value, weighted-value columns
-    # header
-    text(ax, kx + 2 * cw, 4.35, "keys $k_j$", weight="bold")
-    text(ax, sx + 0.3, 4.35, "score\n$q \\cdot k_j$", weight="bold")
-    text(ax, wx + 0.8, 4.35, "weight $a_j$\n= softmax", weight="bold")
-    text(ax, vx + cw, 4.35, "values $v_j$", weight="bold")
-    text(ax, px + cw, 4.35, "$a_j\\, v_j$", weight="bold")
-    for f, feature in enumerate(features):
-        text(ax, kx + (f + 0.5) * cw, 3.82, feature, size=7.5, color=MUTED, rotation=30)
-    for c, name in enumerate(["legs", "wheels"]):
-        text(ax, vx + (c + 0.5) * cw, 3.82, name, size=7.5, color=MUTED, rotation=30)
-        text(ax, px + (c + 0.5) * cw, 3.82, name, size=7.5, color=MUTED, rotation=30)
+    size = MIN_TEXT_PT
+    cw, ch, rh = 0.42, 0.32, 0.42  # a number cell's width and height, a row's height
+    # from the top: part 1's title and headers (1.72), its rows and the query (4 rh + 0.15), the gap to part 2 (0.5),
+    # part 2's title and headers (1.38), its rows and the sum (4 rh + 0.15), the note under it (0.75)
+    width, height = 5.2, 1.72 + 0.5 + 1.38 + 2 * (4 * rh + 0.15) + 0.75
+    fig, ax = canvas(width, height)
+    nx = 1.0  # the right edge of the row names
     best = int(weights.argmax())
+
+    # part 1: the query against every key, and the softmax of the scores
+    kx, sx, wx = 1.08, 3.12, 3.86  # key, score and weight columns
+    text(ax, 0.22, height - 0.3, "1  score every key, then softmax", weight="bold", ha="left", color=PURPLE)
+    hy = height - 0.72
+    text(ax, kx + 2 * cw, hy, "keys $k_j$", weight="bold")
+    text(ax, sx + 0.27, hy, "score\n$q \\cdot k_j$", weight="bold")
+    text(ax, wx + 0.6, hy, "weight $a_j$\n= softmax", weight="bold")
+    for f, feature in enumerate(features):
+        text(ax, kx + (f + 0.5) * cw, hy - 0.5, feature, size=size, color=MUTED, rotation=35)
+    top = hy - 1.0  # the lower edge of the first row's cells
     for j, name in enumerate(names):
         y = top - j * rh
-        text(ax, kx - 0.1, y + 0.2, name, ha="right")
+        text(ax, nx, y + ch / 2, name, ha="right")
         for f in range(4):
             on = keys[j, f] > 0
-            cell(ax, kx + f * cw, y, cw, 0.4, LIGHT[BLUE] if on else OFF, f"{keys[j, f]:.0f}",
+            cell(ax, kx + f * cw, y, cw, ch, LIGHT[BLUE] if on else OFF, f"{keys[j, f]:.0f}", size=size,
                  text_color=INK if on else MUTED)
-        cell(ax, sx, y, 0.6, 0.4, LIGHT[PURPLE], f"{scores[j]:.0f}")
-        bar = 1.3 * float(weights[j])
-        ax.add_patch(Rectangle((wx, y + 0.06), bar, 0.28, facecolor=GREEN, edgecolor="none"))
-        text(ax, wx + bar + 0.07, y + 0.2, f"{weights[j]:.3f}", ha="left", size=9,
+        arrow(ax, (kx + 4 * cw + 0.04, y + ch / 2), (sx - 0.04, y + ch / 2), color=MUTED, lw=0.9)
+        cell(ax, sx, y, 0.54, ch, LIGHT[PURPLE], f"{scores[j]:.0f}", size=size)
+        bar = 1.25 * float(weights[j])
+        ax.add_patch(Rectangle((wx, y + 0.05), bar, ch - 0.1, facecolor=GREEN, edgecolor="none"))
+        text(ax, wx + bar + 0.06, y + ch / 2, f"{weights[j]:.3f}", ha="left", size=size,
              weight="bold" if j == best else "normal")
-        for c in range(2):
-            cell(ax, vx + c * cw, y, cw, 0.4, LIGHT[ORANGE], f"{values[j, c]:.0f}")
-            cell(ax, px + c * cw, y, cw, 0.4, LIGHT[GREEN], f"{weights[j] * values[j, c]:.2f}" if values[j, c] else "0",
-                 size=8.5)
-        arrow(ax, (kx + 4 * cw + 0.05, y + 0.2), (sx - 0.05, y + 0.2), color=MUTED, lw=0.9)
-        arrow(ax, (vx + 2 * cw + 0.05, y + 0.2), (px - 0.05, y + 0.2), color=MUTED, lw=0.9)
-        text(ax, (vx + 2 * cw + px) / 2, y + 0.32, f"× {weights[j]:.3f}", size=7.5, color=GREEN)
-    # the query, under the keys it is compared with
-    qy = top - 4 * rh - 0.35
-    text(ax, kx - 0.1, qy + 0.2, "query $q$", ha="right", weight="bold")
+    qy = top - 4 * rh - 0.15  # the query, under the keys it is compared with
+    text(ax, nx, qy + ch / 2, "query $q$", ha="right", weight="bold")
     for f in range(4):
-        cell(ax, kx + f * cw, qy, cw, 0.4, LIGHT[RED] if query[f] > 0 else OFF, f"{query[f]:.0f}")
-    text(ax, kx + 2 * cw, qy - 0.22, "“a small animal”", size=8.5, color=MUTED)
-    arrow(ax, (kx + 4 * cw + 0.05, qy + 0.2), (sx + 0.3, top - 3 * rh - 0.03), color=RED, rad=0.25)
-    text(ax, sx + 0.75, qy + 0.45, "dot product with\nevery key", size=8.5, color=RED, ha="left")
-    # the sum
-    oy = qy
+        cell(ax, kx + f * cw, qy, cw, ch, LIGHT[RED] if query[f] > 0 else OFF, f"{query[f]:.0f}", size=size)
+    text(ax, kx + 2 * cw, qy - 0.2, "“a small animal”", size=size, color=MUTED)
+    arrow(ax, (kx + 4 * cw + 0.04, qy + ch / 2), (sx + 0.27, top - 3 * rh - 0.03), color=RED, rad=0.3)
+    text(ax, sx + 0.62, qy + 0.12, "dot product\nwith every key", size=size, color=RED, ha="left")
+
+    # part 2: each value times its weight, and the sum of the products
+    vw, vx, px = 0.5, 1.08, 3.12  # a cell's width here, the value and product columns
+    p2 = qy - 0.5  # the top of part 2
+    ax.plot([0.22, width - 0.22], [p2 + 0.12, p2 + 0.12], color=EDGE, lw=1.0)
+    text(ax, 0.22, p2 - 0.2, "2  blend the values by the weights", weight="bold", ha="left", color=GREEN)
+    hy = p2 - 0.58
+    text(ax, vx + vw, hy, "values $v_j$", weight="bold")
+    text(ax, (vx + 2 * vw + px) / 2, hy, "× $a_j$", weight="bold", color=GREEN)
+    text(ax, px + vw, hy, "$a_j\\, v_j$", weight="bold")
+    for c, name in enumerate(["legs", "wheels"]):
+        for x in (vx, px):
+            text(ax, x + (c + 0.5) * vw, hy - 0.3, name, size=size, color=MUTED)
+    top = hy - 0.8
+    for j, name in enumerate(names):
+        y = top - j * rh
+        text(ax, nx, y + ch / 2, name, ha="right")
+        for c in range(2):
+            cell(ax, vx + c * vw, y, vw, ch, LIGHT[ORANGE], f"{values[j, c]:.0f}", size=size)
+            cell(ax, px + c * vw, y, vw, ch, LIGHT[GREEN], f"{weights[j] * values[j, c]:.2f}" if values[j, c] else "0",
+                 size=size)
+        arrow(ax, (vx + 2 * vw + 0.04, y + ch / 2), (px - 0.04, y + ch / 2), color=MUTED, lw=0.9)
+        text(ax, (vx + 2 * vw + px) / 2, y + ch / 2 + 0.12, f"× {weights[j]:.3f}", size=size, color=GREEN,
+             weight="bold" if j == best else "normal")
+    oy = top - 4 * rh - 0.15  # the sum, under the products
+    ax.plot([px, px + 2 * vw], [oy + ch + 0.07, oy + ch + 0.07], color=INK, lw=1.0)
     for c in range(2):
-        cell(ax, px + c * cw, oy, cw, 0.4, GREEN, f"{output[c]:.2f}", text_color=PANEL, size=8.5)
-    ax.plot([px, px + 2 * cw], [oy + 0.5, oy + 0.5], color=INK, lw=1.0)
-    text(ax, px - 0.08, oy + 0.2, "output\n$\\sum_j a_j v_j$", ha="right", size=9, weight="bold")
-    text(ax, px + cw, oy - 0.22, f"{output[0]:.1f} legs, {output[1]:.1f} wheels", size=8.5, color=MUTED)
-    text(ax, 5.3, 0.32, "The weights are positive and sum to 1; the output is a blend of the values, "
-         "pulled towards the best-matching key.", size=8.5, color=MUTED)
+        cell(ax, px + c * vw, oy, vw, ch, GREEN, f"{output[c]:.2f}", text_color=PANEL, size=size)
+    text(ax, px - 0.1, oy + ch / 2, "output $\\sum_j a_j v_j$", ha="right", weight="bold")
+    text(ax, px + 2 * vw + 0.1, oy + ch / 2, f"{output[0]:.1f} legs,\n{output[1]:.1f} wheels", size=size,
+         color=MUTED, ha="left")
+    text(ax, 0.22, oy - 0.42, "The weights are positive and sum to 1; the output is a blend\nof the values, pulled "
+         "towards the best-matching key.", size=size, color=MUTED, ha="left")
     return fig
 
 
@@ -647,58 +668,73 @@ def beam_search_tree() -> plt.Figure:
 
     shown_per_parent = 3
     n_steps = len(steps)
-    fig, ax = canvas(10.0, 6.6)
-    col_w = 8.6 / (n_steps + 0.6)
-    x_of = [0.55 + col_w * (s + 1) for s in range(n_steps)]
-    bw, bh = min(1.15, col_w - 0.35), 0.3
-    # the root
-    root_y = 3.35
-    box(ax, 0.25, root_y - bh / 2, 0.62, bh, "<bos>", color=BROWN, size=8)
-    positions = {(): (0.25 + 0.62, root_y)}  # prefix after <bos> -> right edge and centre of its node
+    size = MIN_TEXT_PT
+    # one column per step, each node two lines (the token, the summed log-probability), so that seven steps fit in a
+    # phone's width at 9 points; the root <bos> is a narrow upright box
+    width, left, right = 5.2, 0.15, 0.15
+    bw, bh, root_w = 0.5, 0.38, 0.26
+    x_first = left + root_w + 0.17
+    pitch = (width - right - x_first - bw) / (n_steps - 1)
+    x_of = [x_first + pitch * s for s in range(n_steps)]
+
+    def shown_children(step: dict, b: int) -> list[int]:
+        """The candidates of parent b drawn: its best few, and every kept one."""
+        children = [i for i, c in enumerate(step["candidates"]) if c["parent"] == b]
+        children.sort(key=lambda i: -step["candidates"][i]["ranked"])
+        return children[:shown_per_parent] + [i for i in children[shown_per_parent:] if i in step["kept"]]
+
+    alive_of = [[b for b, parent in enumerate(step["parents"]) if not parent["finished"]] for step in steps]
+    shown_most = max(sum(len(shown_children(step, b)) for b in alive) for step, alive in zip(steps, alive_of))
+    top_note = 1.0  # the header: the source, the legend, the step numbers
+    tree_h = (bh + 0.09) * (shown_most + 1)  # nodes spaced evenly, half a space more above and below the fullest step
+    bottom_note = 1.7  # the three results and the note under the tree
+    height = top_note + tree_h + bottom_note
+    fig, ax = canvas(width, height)
+    top, bottom = height - top_note, bottom_note
+    root_y = (top + bottom) / 2
+    box(ax, left, root_y - 0.32, root_w, 0.64, "", color=BROWN)
+    text(ax, left + root_w / 2, root_y, "<bos>", size=size, rotation=90)
+    positions = {(): (left + root_w, root_y)}  # prefix after <bos> -> right edge and centre of its node
     best_path = {tuple(best["tokens"][1:][:n]) for n in range(1, len(best["tokens"]))}
-    top, bottom = 5.65, 0.85
     for s, step in enumerate(steps):
         kept = set(step["kept"])
-        shown = []
-        alive = [b for b, parent in enumerate(step["parents"]) if not parent["finished"]]
-        alive.sort(key=lambda b: -positions[tuple(step["parents"][b]["tokens"][1:])][1])  # top to bottom
-        for b in alive:  # each parent's best few candidates, and every kept one
-            children = [i for i, c in enumerate(step["candidates"]) if c["parent"] == b]
-            children.sort(key=lambda i: -step["candidates"][i]["ranked"])
-            chosen = children[:shown_per_parent]
-            chosen += [i for i in children if i in kept and i not in chosen]
-            shown.extend(chosen)
+        alive = sorted(alive_of[s], key=lambda b: -positions[tuple(step["parents"][b]["tokens"][1:])][1])  # top down
+        shown = [i for b in alive for i in shown_children(step, b)]
         ys = torch.linspace(top, bottom, len(shown) + 2)[1:-1].tolist() if len(shown) > 1 else [root_y]
         for y, i in zip(ys, shown):
             c = step["candidates"][i]
             prefix = tuple(c["tokens"][1:])
             is_kept, on_best = i in kept, prefix in best_path
             colour = RED if on_best else (BLUE if is_kept else OFF)
-            label = f"{word(c['tokens'][-1])}  {c['score']:.2f}"
-            box(ax, x_of[s], y - bh / 2, bw, bh, label, color=colour if is_kept else EDGE,
-                fill=LIGHT.get(colour, OFF), size=7.5, text_color=INK if is_kept else MUTED,
-                lw=1.8 if on_best else 1.0, ls="-" if is_kept else ":")
+            box(ax, x_of[s], y - bh / 2, bw, bh, f"{word(c['tokens'][-1])}\n{c['score']:.2f}",
+                color=colour if is_kept else EDGE, fill=LIGHT.get(colour, OFF), size=size,
+                text_color=INK if is_kept else MUTED, lw=1.8 if on_best else 1.0, ls="-" if is_kept else ":",
+                round_=0.05)
             px, py = positions[prefix[:-1]]
             arrow(ax, (px, py), (x_of[s], y), color=(RED if on_best else INK) if is_kept else EDGE,
                   lw=1.5 if on_best else 0.9, style="-", shrink=0.5)
             if is_kept:
                 positions[prefix] = (x_of[s] + bw, y)
-        text(ax, x_of[s] + bw / 2, 5.85, f"step {s + 1}", size=8.5, color=MUTED)
-    text(ax, 0.3, 6.24, f"source: {' '.join(map(str, digits))}", size=9, ha="left", weight="bold")
+        text(ax, x_of[s] + bw / 2, top - 0.05, f"step {s + 1}" if s == 0 else str(s + 1), size=size, color=MUTED)
+    text(ax, left + 0.07, height - 0.32, f"source: {' '.join(map(str, digits))}", size=10, ha="left", weight="bold")
+    lx, ly = left + 0.07, height - 0.68  # the legend
+    for colour, fill, ls, label, w in [(RED, LIGHT[RED], "-", "on the best hypothesis", 2.05),
+                                       (BLUE, LIGHT[BLUE], "-", "kept in the beam", 1.6),
+                                       (EDGE, OFF, ":", "pruned", 0.0)]:
+        box(ax, lx, ly - 0.11, 0.3, 0.22, color=colour, fill=fill, ls=ls)
+        text(ax, lx + 0.38, ly, label, size=size, ha="left")
+        lx += w
     result = text_of(best["tokens"][1:])
     greedy_text = text_of(greedy)
-    text(ax, 0.3, 0.7, f"beam search (k = {k}, α = {alpha}): {result}      greedy decoding: {greedy_text}      "
-         f"correct: {' '.join(map(str, reversed(digits)))}", size=8.5, ha="left")
-    # legend
-    lx = 0.3
-    for j, (colour, fill, ls, label) in enumerate([(RED, LIGHT[RED], "-", "on the best hypothesis"),
-                                                    (BLUE, LIGHT[BLUE], "-", "kept in the beam"),
-                                                    (EDGE, OFF, ":", "pruned")]):
-        box(ax, lx + j * 2.1 + 3.5, 6.13, 0.3, 0.22, color=colour, fill=fill, ls=ls)
-        text(ax, lx + j * 2.1 + 3.88, 6.24, label, size=8, ha="left")
-    text(ax, 0.3, 0.3, "each node: the token added and the summed log-probability of its hypothesis. A hypothesis "
-         "ended by <eos> keeps its place\nuntil better ones push it out; at the end, the winner is the one with the "
-         "best log-probability / length penalty.", size=7.5, color=MUTED, ha="left")
+    for row, (what, tokens) in enumerate([(f"beam search (k = {k}, α = {alpha})", result),
+                                           ("greedy decoding", greedy_text),
+                                           ("correct", " ".join(map(str, reversed(digits))))]):
+        y = bottom - 0.05 - row * 0.24
+        text(ax, left + 0.07, y, what, size=size, ha="left")
+        text(ax, left + 2.45, y, tokens, size=size, ha="left", weight="bold" if row != 1 else "normal")
+    text(ax, left + 0.07, 0.5, "Each node: the token added and the summed log-probability of\nits hypothesis. A "
+         "hypothesis ended by <eos> keeps its place until\nbetter ones push it out; at the end, the winner is the "
+         "one with\nthe best log-probability / length penalty.", size=size, color=MUTED, ha="left")
     return fig
 
 
