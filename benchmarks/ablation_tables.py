@@ -159,7 +159,8 @@ def summary_table(records: list[dict]):
 
 def plot_curves(records: list[dict], ax=None):
     """Greedy validation BLEU against steps, one line per run (its epochs that measured BLEU), a colour per variant,
-    in VARIANTS' order; a diverged run is drawn up to where it stopped, dashed. Returns the axes."""
+    in VARIANTS' order (the eleventh variant on takes the colours again, dash-dotted); a diverged run is drawn up to
+    where it stopped, dashed. Returns the axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -172,8 +173,9 @@ def plot_curves(records: list[dict], ax=None):
             if not points:
                 continue
             steps, bleu = zip(*points)
-            ax.plot(steps, bleu, color=colours(number % 10), linestyle="--" if run["diverged"] else "-",
-                    linewidth=1.2, label=variant if index == 0 else None)
+            style = "--" if run["diverged"] else ("-", "-.", ":")[number // 10 % 3]  # ten colours; then a new line
+            ax.plot(steps, bleu, color=colours(number % 10), linestyle=style, linewidth=1.2,
+                    label=variant if index == 0 else None)
     ax.set_xlabel("training step")
     ax.set_ylabel("validation BLEU (greedy)")
     ax.legend(fontsize="small", ncol=2)
