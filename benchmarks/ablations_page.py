@@ -270,18 +270,15 @@ def speed_block(records: list[dict]) -> str:
     """One row per trained run but the baseline's: the epoch, step and minutes at which its validation curve first
     reached the final validation BLEU of the baseline of its seed (ablation_tables.time_to_baseline)."""
     reached = ablation_tables.time_to_baseline(records)
-    epochs = {r["seed"]: r["epochs"] for r in ablation_tables.baselines(records).values()}
+    by_seed = ablation_tables.baselines(records)
     rows = []
-    for variant in ablation_records.VARIANTS:
+    for variant in list(ablation_records.VARIANTS)[1:]:  # every variant but the baseline
         for run in sorted((r for r in records if r["variant"] == variant and (variant, r["seed"]) in reached),
                           key=lambda r: r["seed"]):
-            if variant == "baseline":
-                continue
-            point = reached[variant, run["seed"]]
-            target = ablation_tables.baselines(records)[run["seed"]]["curve"][-1]["valid_bleu"]
-            rows.append([variant, str(run["seed"]), _number(target)]
+            point, baseline = reached[variant, run["seed"]], by_seed[run["seed"]]
+            rows.append([variant, str(run["seed"]), _number(baseline["curve"][-1]["valid_bleu"])]
                         + (["not reached", "–", "–"] if point is None else
-                           [f"{point['epoch']} of {epochs[run['seed']]}", f"{point['step']:,}",
+                           [f"{point['epoch']} of {baseline['epochs']}", f"{point['step']:,}",
                             _number(point["minutes"], 1)]))
     header = ["variant", "seed", "baseline's final validation BLEU", "first epoch at or above it", "step",
               "minutes of training then"]
