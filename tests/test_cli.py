@@ -1,5 +1,13 @@
+"""The command line (transformer_lib.cli): each command's help, a bad argument refused in one line before anything is
+written, and the commands end to end.
+
+Most cases run in-process, through cli.main with capsys (no new Python process and torch start-up per case, as
+`python -m transformer_lib` is only `sys.exit(main())`); a few run `python -m transformer_lib` in a process of its own
+for what needs one: the module's entry point and its exit codes, and the trainings end to end."""
+
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -7,11 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_lib import cli as cli_module
+from transformer_lib.split_decoding import stdin_sentences, translate_with_progress, warn_empty
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("TRANSFORMER_LIB_DATA", ROOT.parent / "shared" / "data"))
 
 
 def cli(*args: str, stdin: str | None = None, data: bool = True) -> subprocess.CompletedProcess:
+    """python -m transformer_lib with args, in a process of its own (cwd: the repository)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if data:
         env["TRANSFORMER_LIB_DATA"] = str(DATA)
@@ -19,61 +31,145 @@ def cli(*args: str, stdin: str | None = None, data: bool = True) -> subprocess.C
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """cli.main(args) in this process: its exit code (argparse's SystemExit included), stdout and stderr."""
+    try:
+        code = cli_module.main(list(args))
+    except SystemExit as exit:  # argparse's usage errors and --help
+        code = exit.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:") or ": error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def empty_folder(tmp_path, monkeypatch):
+    """The working folder of an in-process case: empty but for the file README.md and the folder tests that cases
+    name, no corpus reachable and the Hub offline; yields what it holds, so that a case can show it wrote nothing."""
+    (tmp_path / "README.md").write_text("not a file of references\n", encoding="utf-8")
+    (tmp_path / "tests").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRANSFORMER_LIB_DATA", str(tmp_path / "no-data"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    yield sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
+
+
+def folder_now() -> list[str]:
+    return sorted(str(path.relative_to(Path.cwd())) for path in Path.cwd().rglob("*"))
+
+
 @pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["choose"], ["evaluate"]])
-def test_help_describes_every_command(command):
-    result = cli(*command, "--help")
-    assert result.returncode == 0
-    assert "usage: python -m transformer_lib" in result.stdout
+def test_help_describes_every_command(capsys, command):
+    code, out, err = run_main(capsys, *command, "--help")
+    assert code == 0 and err == ""
+    assert "usage: python -m transformer_lib" in out
     for word in {(): ["train", "translate", "choose", "evaluate"],
                  ("train",): ["--preset", "--resume", "--max-steps", "--out"],
                  ("translate",): ["--checkpoint", "--beam"], ("choose",): ["--alpha", "--average", "validation split"],
                  ("evaluate",): ["--src-file", "--ref-file", "--split"]}[
         tuple(command)
     ]:
-        assert word in result.stdout
+        assert word in out
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "args, code, message",
     [
-        (["train"], "the following arguments are required: --out"),
-        (["train", "--out", "x", "--max-steps", "0"], "expected a positive integer, got '0'"),
-        (["train", "--out", "x", "--max-steps", "5", "--epochs", "2"], "not allowed with argument"),
-        (["train", "--out", "x", "--preset", "huge"], "invalid choice: 'huge'"),
-        (["train", "--out", "x", "--config", "missing.json"], "file 'missing.json' does not exist"),
-        (["train", "--out", "/nonexistent/run", "--resume"], "resume needs /nonexistent/run/checkpoint.pt"),
-        (["train", "--out", "x", "--resume", "--preset", "tiny", "--seed", "3"], "--preset, --seed would be ignored"),
-        (["train", "--out", "x", "--resume", "--valid-limit", "5"], "--valid-limit would be ignored; drop it, or start a new run (another --out"),
-        (["train", "--out", "x", "--resume", "--overwrite"], "choose one"),
-        (["translate", "--checkpoint", "x", "--beam", "33", "Hallo"], "expected a beam size from 1 to 32, got '33'"),
-        (["translate", "--checkpoint", "x", "Hallo", "  "], "sentence 2 is empty"),
-        (["translate", "--checkpoint", "nowhere", "Hallo"], "--checkpoint 'nowhere' does not exist"),
-        (["evaluate", "--hyp-file", "missing.txt", "--ref-file", "x"], "file 'missing.txt' does not exist"),
-        (["evaluate"], "give --checkpoint with --split"),
-        (["choose"], "the following arguments are required: --checkpoint"),
-        (["choose", "--checkpoint", "x", "--average", "0"], "expected a positive integer, got '0'"),
-        (["choose", "--checkpoint", "nowhere"], "--checkpoint 'nowhere' does not exist"),
-        (["train", "--out", ""], "argument --out: expected a folder name, got ''"),
-        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "../private/x"],
+        (["train"], 2, "the following arguments are required: --out"),
+        (["train", "--out", "x", "--max-steps", "0"], 2, "expected a positive integer, got '0'"),
+        (["train", "--out", "x", "--max-steps", "5", "--epochs", "2"], 2, "not allowed with argument"),
+        (["train", "--out", "x", "--preset", "huge"], 2, "invalid choice: 'huge'"),
+        (["train", "--out", "x", "--config", "missing.json"], 2, "file 'missing.json' does not exist"),
+        (["train", "--out", "/nonexistent/run", "--resume"], 1, "resume needs /nonexistent/run/checkpoint.pt"),
+        (["train", "--out", "x", "--resume", "--preset", "tiny", "--seed", "3"], 2,
+         "--preset, --seed would be ignored"),
+        (["train", "--out", "x", "--resume", "--valid-limit", "5"], 2,
+         "--valid-limit would be ignored; drop it, or start a new run (another --out"),
+        (["train", "--out", "x", "--resume", "--overwrite"], 1, "choose one"),
+        (["translate", "--checkpoint", "x", "--beam", "33", "Hallo"], 2, "expected a beam size from 1 to 32, got '33'"),
+        (["translate", "--checkpoint", "x", "Hallo", "  "], 1, "sentence 2 is empty"),
+        (["translate", "--checkpoint", "nowhere", "Hallo"], 1, "--checkpoint 'nowhere' does not exist"),
+        (["evaluate", "--hyp-file", "missing.txt", "--ref-file", "x"], 2, "file 'missing.txt' does not exist"),
+        (["evaluate"], 2, "give --checkpoint with --split"),
+        (["choose"], 2, "the following arguments are required: --checkpoint"),
+        (["choose", "--checkpoint", "x", "--average", "0"], 2, "expected a positive integer, got '0'"),
+        (["choose", "--checkpoint", "nowhere"], 1, "--checkpoint 'nowhere' does not exist"),
+        (["train", "--out", ""], 2, "argument --out: expected a folder name, got ''"),
+        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "../private/x"], 2,
          "argument --corpus-config: expected a language pair as the Hub names it, like 'en-it', got '../private/x'"),
-        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "/etc/passwd"], "got '/etc/passwd'"),
-        (["train", "--out", "x", "--corpus-config", "en-it"], "--corpus-config 'en-it' names an opus_books pair"),
-        (["evaluate", "--checkpoint", "x", "--split", "test", "--ref-file", "README.md"],
+        (["train", "--out", "x", "--corpus", "opus_books", "--corpus-config", "/etc/passwd"], 2, "got '/etc/passwd'"),
+        (["train", "--out", "x", "--corpus-config", "en-it"], 2, "--corpus-config 'en-it' names an opus_books pair"),
+        (["evaluate", "--checkpoint", "x", "--split", "test", "--ref-file", "README.md"], 2,
          "--split scores the corpus's own references"),
-        (["translate", "--checkpoint", "x", "Ein Hund.", "Ein <eos> Hund."],
+        (["translate", "--checkpoint", "x", "Ein Hund.", "Ein <eos> Hund."], 1,
          "sentence 2 contains '<eos>', the text of a special token"),
-        (["translate", "--checkpoint", "x", "--device", "meta", "Hallo"], "expected cpu, cuda, cuda:N or mps, got 'meta'"),
-        (["train", "--out", "x", "--seed", "99999999999999999999999"], "argument --seed: expected a seed from 0 to"),
-        (["train", "--out", "x", "--config", "tests"], "argument --config: 'tests' is a folder; expected a file"),
-        (["evaluate", "--checkpoint", "x", "--split", "test", "--scoreboard", "board", "--max-len", "3"],
+        (["translate", "--checkpoint", "x", "--device", "meta", "Hallo"], 2,
+         "expected cpu, cuda, cuda:N or mps, got 'meta'"),
+        (["train", "--out", "x", "--seed", "99999999999999999999999"], 2, "argument --seed: expected a seed from 0 to"),
+        (["train", "--out", "x", "--config", "tests"], 2, "argument --config: 'tests' is a folder; expected a file"),
+        (["evaluate", "--checkpoint", "x", "--split", "test", "--scoreboard", "board", "--max-len", "3"], 2,
          "--beam, --alpha and --max-len would not be what it records"),
     ],
 )
-def test_bad_arguments_get_clear_messages(args, message):
-    result = cli(*args)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_arguments_get_clear_messages(capsys, empty_folder, args, code, message):
+    """Each refused in one line (with the usage line where argparse or the command's own checks refuse it: exit
+    status 2; else `error: ...` and 1), and nothing written: no run folder, no file."""
+    got, out, err = run_main(capsys, *args)
+    assert got == code and out == "", (got, out, err)
+    assert message in one_error_line(err)
+    assert folder_now() == empty_folder
+
+
+def test_the_module_entry_point_exits_with_mains_status_and_one_line():
+    """python -m transformer_lib in a process of its own, as a shell sees it: --help exits 0, a usage error 2 with the
+    usage line, a user's mistake 1 with one line `error: ...` and no traceback."""
+    shown = cli("--help", data=False)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m transformer_lib") and not shown.stderr
+    usage = cli("train", "--out", "x", "--max-steps", "0", data=False)
+    assert usage.returncode == 2 and usage.stdout == "" and usage.stderr.startswith("usage: python -m transformer_lib")
+    assert one_error_line(usage.stderr) == ("python -m transformer_lib train: error: argument --max-steps: expected a "
+                                            "positive integer, got '0'")
+    mistake = cli("translate", "--checkpoint", "nowhere", "Hallo", data=False)
+    assert mistake.returncode == 1 and mistake.stdout == "" and mistake.stderr == (
+        "error: --checkpoint 'nowhere' does not exist; give a run folder written by `train` or the checkpoint.pt "
+        "inside it\n")
+
+
+def test_ctrl_c_stops_a_training_with_status_130_and_says_how_to_resume(tmp_path):
+    """SIGINT, as Ctrl-C sends it, to `python -m transformer_lib train`: the step under way ends, the checkpoint is
+    saved, and the process exits with 130 and one line that names the resume command."""
+    from test_translation import QUICK, tiny_corpus
+
+    env = dict(os.environ, TRANSFORMER_LIB_DATA=str(tiny_corpus(tmp_path / "data")), HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    config, run = tmp_path / "quick.json", tmp_path / "run"
+    config.write_text(json.dumps(QUICK), encoding="utf-8")
+    process = subprocess.Popen([sys.executable, "-m", "transformer_lib", "train", "--preset", "tiny", "--config",
+                                str(config), "--epochs", "1000", "--no-validation", "--no-progress", "--out",
+                                str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               env=env)
+    try:
+        lines = [process.stdout.readline()]
+        while lines[-1] and not lines[-1].startswith("epoch 1: step"):  # the first epoch's line: training is under way
+            lines.append(process.stdout.readline())
+        assert lines[-1], (lines, process.stderr.read())
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, (out, err)
+    step = torch.load(run / "checkpoint.pt", weights_only=True)["state"]["step"]
+    assert err.splitlines()[-1] == (f"interrupted (stopped by Ctrl-C (SIGINT) at step {step}; saved "
+                                    f"{run / 'checkpoint.pt'}); continue with: python -m transformer_lib train --out "
+                                    f"{run} --resume"), err
+    assert "Traceback" not in err
 
 
 def test_train_translate_evaluate_resume(tmp_path):
@@ -127,25 +223,7 @@ def test_train_translate_evaluate_resume(tmp_path):
     assert result.returncode != 0 and "120 source lines but 2 reference lines" in result.stderr
 
 
-# ---- in-process checks of the command line's error handling (no torch start-up per case) ----
-
-from transformer_lib import cli as cli_module  # noqa: E402
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        code = cli_module.main(list(args))
-    except SystemExit as exit:  # argparse's usage errors
-        code = exit.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:") or ": error:" in line]
-    assert len(lines) == 1, err
-    return lines[0]
+# ---- files and standard input: the evaluate and translate commands in-process ----
 
 
 @pytest.mark.parametrize(
@@ -183,12 +261,8 @@ def test_a_byte_order_mark_is_read_as_the_encoding_mark_it_is(tmp_path, capsys):
     assert code == 1 and f"--hyp-file {str(joined)!r} has a byte order mark (U+FEFF) at the start of line 121" in line
 
 
-def test_a_byte_order_mark_on_standard_input_is_no_part_of_the_first_sentence(monkeypatch):
-    import io
-    import types
-
-    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(b"\xef\xbb\xbfEin Hund.\nEine Katze.\n")))
-    assert cli_module._stdin_sentences() == ["Ein Hund.", "Eine Katze."]
+def test_a_byte_order_mark_on_standard_input_is_no_part_of_the_first_sentence():
+    assert stdin_sentences(b"\xef\xbb\xbfEin Hund.\nEine Katze.\n") == ["Ein Hund.", "Eine Katze."]
 
 
 def test_an_empty_file_is_no_sentences_not_one(tmp_path, capsys):
@@ -388,9 +462,10 @@ def fake_stdin(monkeypatch, text: str) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
 
 
-def test_stdin_is_split_only_at_line_ends(monkeypatch):
-    fake_stdin(monkeypatch, "Ein\u2028Hund.\nEine\x0cKatze.\nZwei\x85Pferde.\nDrei V\u00f6gel.\r\n")
-    assert cli_module._stdin_sentences() == ["Ein\u2028Hund.", "Eine\x0cKatze.", "Zwei\x85Pferde.", "Drei V\u00f6gel."]
+def test_stdin_is_split_only_at_line_ends():
+    text = "Ein\u2028Hund.\nEine\x0cKatze.\nZwei\x85Pferde.\nDrei V\u00f6gel.\r\n"
+    assert stdin_sentences(text.encode("utf-8")) == ["Ein\u2028Hund.", "Eine\x0cKatze.", "Zwei\x85Pferde.",
+                                                     "Drei V\u00f6gel."]
 
 
 def test_special_token_text_on_stdin_is_refused_naming_the_line(monkeypatch, capsys):
@@ -512,13 +587,14 @@ def test_without_a_gpu_and_without_a_preset_the_cpu_preset_is_chosen_and_said(tm
     (["translate", "--checkpoint", "x", "--max-len", "0", "a"], "expected a positive integer, got '0'"),
     (["evaluate", "--checkpoint", "x", "--split", "test", "--alpha", "inf"], "got 'inf'"),
 ])
-def test_device_and_decoding_options_are_checked_where_they_enter(args, message):
-    result = cli(*args, data=False)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
+def test_device_and_decoding_options_are_checked_where_they_enter(capsys, empty_folder, args, message):
+    code, out, err = run_main(capsys, *args)  # (empty_folder: no corpus either)
+    assert code == 2 and out == "" and message in one_error_line(err), err
+    assert folder_now() == empty_folder
 
 
 def test_empty_translations_are_kept_in_place_and_named_in_a_warning(capsys):
-    cli_module._warn_empty(["a dog", "", " "])
+    warn_empty(["a dog", "", " "])
     err = capsys.readouterr().err
     assert "warning: 2 of 3 translations are empty (sentence 2, 3)" in err and err.count("\n") == 1
 
@@ -532,7 +608,7 @@ def test_a_max_len_beyond_the_models_positions_is_the_librarys_one_line(capsys):
     tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
     with pytest.raises(ValueError, match=r"^max_len must be a positive integer of at most 39 for this model \(its "
                                          r"max_len is 40, and <bos> takes one position\), got 200$"):
-        cli_module._translate(model, tokenizer, ["ein hund"], beam=4, alpha=0.6, max_len=200, progress=False)
+        translate_with_progress(model, tokenizer, ["ein hund"], beam_size=4, alpha=0.6, max_len=200, progress=False)
 
 
 def test_choose_decides_on_validation_and_translate_and_evaluate_decode_as_it_chose(tmp_path, capsys):

@@ -78,9 +78,18 @@ def test_a_fused_adam_checkpoint_resumes_into_the_plain_one(tmp_path):
             torch.testing.assert_close(optimizer.state[optimizer.param_groups[0]["params"][index]][name],
                                        moments[name], atol=0, rtol=0)
     before = [p.detach().clone() for p in model.parameters()]
-    state = train(model, copy_batches, optimizer, scheduler, max_steps=6, state=state, progress=False)
+    state = train(model, copy_batches, optimizer, scheduler, max_steps=6, log_every=1, state=state, progress=False)
     assert state.step == 6 and all(torch.isfinite(torch.tensor(loss)) for _, loss, _ in state.history)
     assert any(not torch.equal(old, new) for old, new in zip(before, model.parameters()))  # and it took its steps
+    # the same three steps taken by the fused Adam itself, resumed from the same file: the same losses
+    model, _, _ = fresh(seed=6)
+    fused = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(fused, lambda i: 0.25 * tl.noam_lr(i + 1, 32, 50))
+    itself = train(model, copy_batches, fused, scheduler, max_steps=6, log_every=1, progress=False,
+                   state=resume_training(load_checkpoint(path), model, fused, scheduler))
+    assert [entry[0] for entry in state.history[-3:]] == [entry[0] for entry in itself.history[-3:]] == [4, 5, 6]
+    torch.testing.assert_close([entry[1] for entry in state.history[-3:]], [entry[1] for entry in itself.history[-3:]],
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_make_optimizer_fuses_adam_only_on_cuda():

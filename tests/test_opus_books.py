@@ -1,15 +1,20 @@
 """The offline stand-in for opus_books en-it (tests/fixtures/opus_books) through the book's loader, the word-level
-tokenizer on it, and a tiny end-to-end training run with each tokenizer."""
+tokenizer on it, and a tiny end-to-end training run with each tokenizer; the word-level tokenizer as a training
+setting, and a local opus_books file."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 import transformer_lib as tl
+from transformer_lib import data
 from transformer_lib.embedding import train_bpe_tokenizer, train_word_tokenizer
 from transformer_lib.data import load_pairs
 from transformer_lib.scoring import corpus_scores
 from transformer_lib.translation import load_translator
+
+from test_validation import TINY, write_corpus
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -73,3 +78,29 @@ def test_a_tiny_training_run_on_the_stand_in_end_to_end(fixture_data, tmp_path, 
     hypotheses = tl.translate(model, tokenizer, [src for src, _ in test], beam_size=1, max_len=8)
     scores = corpus_scores(hypotheses, [tgt for _, tgt in test])
     assert scores["sentences"] == 100 and 0.0 <= scores["bleu"] <= 100.0
+
+
+# ---- the word-level tokenizer as a training setting, and a local opus_books file ----
+
+
+def test_the_word_level_tokenizer_is_a_training_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.DATA_ENV, str(write_corpus(tmp_path / "data")))
+    overrides = {"model": TINY["model"], "training": {**TINY["training"], "tokenizer": "word", "bleu_every": 0}}
+    tl.train_translator(tmp_path / "run", preset="tiny", overrides=overrides, max_steps=3, progress=False)
+    _, tokenizer = tl.load_translator(tmp_path / "run", "cpu")
+    assert tokenizer.encode("Ein Hund läuft .").tokens == ["<bos>", "Ein", "Hund", "läuft", ".", "<eos>"]
+    assert tokenizer.encode("Ein Elefant läuft .").ids.count(tl.UNK_ID) == 1  # an unseen word is <unk>, not spelled
+
+
+def test_word_tokenizer_refuses_a_vocabulary_without_room():
+    with pytest.raises(ValueError, match="vocab_size must exceed"):
+        tl.train_word_tokenizer(["a b"], vocab_size=4)
+
+
+def test_opus_books_reads_a_local_file(tmp_path, monkeypatch):
+    rows = [{"id": str(i), "translation": {"en": f"sentence {i}", "it": f"frase {i}"}} for i in range(2100)]
+    (tmp_path / "opus_books").mkdir()
+    (tmp_path / "opus_books" / "en-it.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setenv(data.DATA_ENV, str(tmp_path))
+    test = data.load_pairs("opus_books", "test", "en", "it", config="en-it")
+    assert len(test) == 1000 and test[0][0].startswith("sentence") and test[0][1].startswith("frase")

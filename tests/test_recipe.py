@@ -466,3 +466,10 @@ def test_the_memory_check_takes_one_step_and_turns_out_of_memory_into_one_line(m
     with pytest.raises(ValueError, match=r"preset base does not fit the memory of cpu: one training step on its "
                                          r"largest batch \(97 sentences of 256 tokens, max_tokens=25000\)"):
         recipe.check_fits_in_memory(recipe.PRESETS["base"], torch.device("cpu"), "base")
+
+
+def test_the_cpu_preset_is_the_gpu_preset_made_cheaper():
+    cpu, gpu = recipe.PRESETS["multi30k-cpu"], recipe.PRESETS["multi30k"]
+    assert cpu["model"]["d_model"] == gpu["model"]["d_model"] and cpu["model"]["n_layers"] == gpu["model"]["n_layers"]
+    assert cpu["model"]["d_ff"] < gpu["model"]["d_ff"] and cpu["training"]["max_tokens"] < gpu["training"]["max_tokens"]
+    assert cpu["training"]["vocab_size"] == gpu["training"]["vocab_size"]

@@ -296,9 +296,9 @@ def test_decoding_json_is_a_run_file_that_overwrite_removes(tmp_path):
 
 
 def test_the_last_logged_loss_says_how_many_steps_it_is_the_mean_of():
-    assert cli_module._last_loss([]) == "no loss logged"
-    assert cli_module._last_loss([(10, 3.1, 10), (13, 2.95, 3)]) == "last logged loss 2.950 (mean of 3 steps)"
-    assert cli_module._last_loss([[1, 2.0, 1]]) == "last logged loss 2.000 (mean of 1 step)"
+    assert runs.last_loss([]) == "no loss logged"
+    assert runs.last_loss([(10, 3.1, 10), (13, 2.95, 3)]) == "last logged loss 2.950 (mean of 3 steps)"
+    assert runs.last_loss([[1, 2.0, 1]]) == "last logged loss 2.000 (mean of 1 step)"
 
 
 def args_for(*argv):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from test_decoding import MODEL_OPTIONS  # the option sets whose cached decoding is compared
+
 ROOT = Path(__file__).resolve().parents[1]
 MARGIN = 10  # the tolerance must be at least 10 times the largest difference seen
 DRAWS = 5  # each comparison runs with the random seeds 0 to 4: the margin must hold for all of them
@@ -31,8 +33,8 @@ COMPARISONS = [
     *[("test_model", "test_matches_torch_transformer", {"norm_first": n}) for n in (False, True)],  # vs nn.Transformer
     *[("test_model", "test_no_information_flows_from_padding", {"norm_first": n, "fused": f})  # batch vs one sentence
       for n in (False, True) for f in (True, False)],
-    *[("test_decoding", "test_cached_and_uncached_decoding_agree", {"norm_first": n, "device": "cpu"})
-      for n in (False, True)],
+    *[("test_decoding", "test_cached_and_uncached_decoding_agree", {"options": o, "device": "cpu"})
+      for o in MODEL_OPTIONS],  # every model option that changes a decoder layer
     *[("test_benchmark", "test_baseline_computes_the_same_function_and_trains_the_same", {"norm_first": n})
       for n in (False, True)],
 ]

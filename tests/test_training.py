@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib.decoding import greedy_decode
 from transformer_lib.training import (
+    autocast_dtype,
     load_checkpoint,
     make_optimizer,
     noam_lr,
@@ -135,6 +137,29 @@ def test_resume_continues_the_same_trajectory(tmp_path):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def test_a_run_killed_between_log_entries_resumes_with_the_same_means(tmp_path, monkeypatch):
+    import transformer_lib.training as training
+
+    model, optimizer, scheduler = fresh()
+    straight = train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, progress=False)
+
+    path, original = tmp_path / "checkpoint.pt", training.save_checkpoint
+
+    def save_and_keep(path, *args):  # keep a copy of every checkpoint, as if the run had been killed after it
+        original(path, *args)
+        (tmp_path / f"step{args[-2].step}.pt").write_bytes(Path(path).read_bytes())
+
+    monkeypatch.setattr(training, "save_checkpoint", save_and_keep)
+    model, optimizer, scheduler = fresh()
+    train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, progress=False, checkpoint_path=path,
+          checkpoint_every=5)
+    model, optimizer, scheduler = fresh(seed=3)
+    state = resume_training(load_checkpoint(tmp_path / "step5.pt"), model, optimizer, scheduler)
+    assert state.running_steps == 2  # steps 4 and 5, not yet logged
+    resumed = train(model, copy_batches, optimizer, scheduler, max_steps=9, log_every=3, state=state, progress=False)
+    assert resumed.history == straight.history
+
+
 def test_a_missing_checkpoint_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nothing.pt' does not exist"):
         load_checkpoint(tmp_path / "nothing.pt")
@@ -160,3 +185,15 @@ def test_importing_the_library_does_not_import_tqdm_auto():
     code = "import sys, transformer_lib; print(sorted(m for m in sys.modules if m.startswith('tqdm.auto')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+# ---- mixed precision by compute capability ----
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((7, 0), torch.float16),
+                                                  ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_autocast_dtype_follows_compute_capability_not_is_bf16_supported(monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # what a T4 answers
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert autocast_dtype(torch.device("cuda")) == expected
+    assert autocast_dtype(torch.device("cpu")) is None

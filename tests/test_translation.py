@@ -200,12 +200,28 @@ def test_translate_refuses_a_max_len_beyond_the_models_positions_in_one_line(max
                                   f"40, and <bos> takes one position), got {max_len!r}")
 
 
-def test_translate_accepts_every_max_len_the_positions_allow():
+def test_translate_accepts_every_max_len_the_positions_allow(monkeypatch):
+    """max_len 1 and 39 (the model's 40 positions less <bos>) are taken, and each caps the tokens of the translation:
+    beam search is asked for at most max_len tokens, gives no more, and the text is those tokens' (up to <eos>)."""
     model = small_model()
     tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    searched = []
+
+    def beam_search(*args, **kwargs):
+        searched.append((kwargs["max_len"], tr_beam_search(*args, **kwargs)))
+        return searched[-1][1]
+
+    tr_beam_search = tr.beam_search
+    monkeypatch.setattr(tr, "beam_search", beam_search)
+    lengths = {}
     for max_len in (1, 39):
         [text] = tr.translate(model, tokenizer, ["ein hund"], beam_size=2, max_len=max_len)
-        assert isinstance(text, str)
+        asked, out = searched[-1]
+        assert asked == max_len and out.shape[0] == 1 and 1 <= out.shape[1] <= max_len
+        assert text == tr.ids_to_text(out, tokenizer)[0]
+        lengths[max_len] = out.shape[1]
+    # the untrained model does not end with <eos> at once: 39 allows it more tokens than 1, so the cap is what binds
+    assert lengths == {1: 1, 39: lengths[39]} and lengths[39] > 1
 
 
 # ---- the weights a decoding uses: named, and only the run's own ----

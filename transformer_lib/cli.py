@@ -18,18 +18,18 @@ import torch
 from transformer_lib.data import CORPORA, SPLITS
 from transformer_lib.decoding import EXTRA_TOKENS
 from transformer_lib.distributed import TorchrunProcess, launch_info, launched_by_torchrun
-from transformer_lib.files import (atomic_write_text, decode_text, is_text_lines, read_lines, read_settings_file,
-                                   without_byte_order_mark)
+from transformer_lib.files import atomic_write_text, check_argument_text, read_lines, read_settings_file
 from transformer_lib.guards import DivergedError, lock_run_folder
 from transformer_lib.recipe import PRESETS, check_fits_in_memory, default_preset, resolve_settings, train_translator
 from transformer_lib.runtime import training_threads
-from transformer_lib.runs import (DECODING_FILE, check_output_file, check_run_folder, kept_epochs,
+from transformer_lib.runs import (DECODING_FILE, check_run_folder, check_save_hyp, kept_epochs, last_loss,
                                   read_run_record, steps_trained, write_decoding)
 from transformer_lib.scoreboard import (check_scoreboard_folder, replaced_record, run_facts, scoreboard_record,
                                        write_scoreboard)
 from transformer_lib.settings import MAX_BEAM, MAX_SEED
 from transformer_lib.split_decoding import (BATCH_SIZE, MIN_SENTENCES, PROGRESS_EVERY, decode_and_score,
-                                            score_translations, split_pairs, sweep, translate_with_progress)
+                                            score_translations, split_pairs, stdin_sentences, sweep,
+                                            translate_with_progress, warn_empty)
 from transformer_lib.training import SingleProcess
 from transformer_lib.translation import (
     DEFAULT_DECODING,
@@ -332,7 +332,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 process.close()  # leave the process group, after the others are done
     if isinstance(process, TorchrunProcess) and not process.is_main:  # under torchrun, rank 0 speaks for all processes
         return 0
-    last = _last_loss(summary["history"])
+    last = last_loss(summary["history"])
     if args.resume and summary["steps"] == steps_before:  # train_translator said why: the run is finished
         print(f"nothing was trained or saved: the run in {args.out} stays as it was, {summary['steps']} steps; {last}")
         return 0
@@ -355,52 +355,21 @@ def _validation_arguments(args: argparse.Namespace) -> dict:
     return {} if valid_limit is None else {"valid_limit": valid_limit}
 
 
-def _last_loss(history: list) -> str:
-    """The last logged mean training loss; entries are (step, mean loss, steps averaged)."""
-    if not history:
-        return "no loss logged"
-    step, loss, steps = history[-1]
-    return f"last logged loss {loss:.3f} (mean of {steps} step{'s' if steps != 1 else ''})"
-
-
-def _stdin_sentences() -> list[str]:
-    text = without_byte_order_mark(decode_text(sys.stdin.buffer.read(), "standard input"), "standard input")
-    # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
-    # and give more translations than sentences.
-    lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []
-    skipped = [str(number) for number, line in enumerate(lines, 1) if not line]
-    if skipped and len(skipped) < len(lines):
-        print(f"note: skipped {len(skipped)} empty line{'s' if len(skipped) > 1 else ''} of standard input "
-              f"(line {', '.join(skipped[:10])}{', ...' if len(skipped) > 10 else ''})", file=sys.stderr)
-    kept = [(number, line) for number, line in enumerate(lines, 1) if line]
-    check_sentences([line for _, line in kept], [f"line {number} of standard input" for number, _ in kept])
-    return [line for _, line in kept]
-
-
-def _check_argument_text(sentences: list[str]) -> None:
-    """A sentence on the command line whose bytes were not UTF-8 (Python keeps each such byte as a lone surrogate,
-    U+DC80 to U+DCFF, which the tokenizer cannot take): one line naming the sentence and the byte."""
-    for number, sentence in enumerate(sentences, 1):
-        bad = next((index for index, char in enumerate(sentence) if "\ud800" <= char <= "\udfff"), None)
-        if bad is not None:
-            code = ord(sentence[bad])
-            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate, U+{code:04X},"
-            raise ValueError(f"sentence {number} is not UTF-8 text ({what} at character {bad + 1}); give it as "
-                             f"UTF-8 text, from a terminal set to UTF-8 (check `locale`)")
-
-
 def cmd_translate(args: argparse.Namespace) -> int:
     if args.sentences:
-        _check_argument_text(args.sentences)
+        check_argument_text(args.sentences)
         check_sentences(args.sentences, [f"sentence {number}" for number in range(1, len(args.sentences) + 1)])
         sentences = args.sentences
     else:
-        sentences = _stdin_sentences()
+        sentences = stdin_sentences(sys.stdin.buffer.read())
     if not sentences:
         raise UsageError("no sentences: give them as arguments or one per line on standard input")
     model, tokenizer = _load(args.checkpoint, args.device)
-    translations = _translate(model, tokenizer, sentences, *_decoding(args), args.max_len,
-                              progress=not args.no_progress and len(sentences) > BATCH_SIZE)
+    beam, alpha = _decoding(args)
+    translations = translate_with_progress(model, tokenizer, sentences, beam_size=beam, alpha=alpha,
+                                           max_len=args.max_len,
+                                           progress=not args.no_progress and len(sentences) > BATCH_SIZE)
+    warn_empty(translations)
     for line in translations:
         print(line)  # one line per sentence, empty ones included, so that lines still pair up
     return 0
@@ -419,40 +388,6 @@ def _decoding(args: argparse.Namespace) -> tuple[int, float]:
         print(f"note: decoding with beam {beam} ({'--beam' if args.beam is not None else f'from {where}'}) and alpha "
               f"{alpha:g} ({'--alpha' if args.alpha is not None else f'from {where}'})", file=sys.stderr)
     return beam, alpha
-
-
-def _translate(model, tokenizer, sentences: list[str], beam: int, alpha: float, max_len: int | None,
-               progress: bool) -> list[str]:
-    """translate()'s translations, with their progress (translate_with_progress), and _warn_empty."""
-    translations = translate_with_progress(model, tokenizer, sentences, beam_size=beam, alpha=alpha, max_len=max_len,
-                                           progress=progress)
-    _warn_empty(translations)
-    return translations
-
-
-def _warn_empty(translations: list[str]) -> None:
-    """A warning naming the sentences whose translation came out empty."""
-    empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
-    if empty:
-        shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
-        print(f"warning: {len(empty)} of {len(translations)} translations are empty (sentence {shown}): the model "
-              f"ended them at once with <eos>, as an undertrained model often does; train longer", file=sys.stderr)
-
-
-def _check_save_hyp(args: argparse.Namespace) -> None:
-    """--save-hyp must be a new file or translations saved before: not an input, a run's file or another kind."""
-    if args.save_hyp is None:
-        return
-    target = check_output_file(args.save_hyp, "--save-hyp", replaces=is_text_lines,  # no link, FIFO, folder, run's
-                               kind="a file of translations (text lines, not a record, weights, a notebook or code)")
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"--save-hyp {str(target)!r} is in a folder that does not exist; create "
-                                f"{str(target.parent)!r} first")
-    for flag in ("src_file", "ref_file", "hyp_file"):
-        given = getattr(args, flag)
-        if given is not None and target.exists() and target.samefile(given):
-            raise ValueError(f"--save-hyp {str(target)!r} is the --{flag.replace('_', '-')} and would be "
-                             f"overwritten; give another file name for the translations")
 
 
 def _scoreboard_facts(args: argparse.Namespace, run: dict) -> dict:
@@ -502,7 +437,8 @@ def cmd_choose(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    _check_save_hyp(args)
+    check_save_hyp(args.save_hyp, {"--src-file": args.src_file, "--ref-file": args.ref_file,
+                                   "--hyp-file": args.hyp_file})
     if args.scoreboard is not None:
         if args.split != "test":
             raise UsageError("--scoreboard records a run's score on the test split, so it goes with --split test (the "
@@ -545,7 +481,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             beam, alpha = _decoding(args)
         hypotheses, scores = decode_and_score(model, tokenizer, sources, references, beam_size=beam, alpha=alpha,
                                               max_len=args.max_len, progress=not args.no_progress)
-        _warn_empty(hypotheses)
+        warn_empty(hypotheses)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; the files must pair up "
                          f"line by line")

@@ -8,7 +8,8 @@ the chapters call in one line each).
   A write that does not fit (a full disk, a file-size limit, a quota) is one OSError line naming the file, why and
   how much had been written, with the old file in place.
 - `read_text`, `read_json`, `read_settings_file`, `check_data_file`: a file that is not UTF-8, not JSON or not the
-  JSON expected gives one line naming it and the place, not a traceback.
+  JSON expected gives one line naming it and the place, not a traceback; `check_argument_text` likewise names a
+  command-line sentence that was not UTF-8.
 - `write_checked_json`, `read_checked_json`: an evidence file (a run's decoding.json, a scoreboard or ablation
   record, a recipe report) carries the sha256 of its own content, so that a flipped byte that still reads as a
   valid value (an alpha of 1.0 become 1.5) is refused when read instead of changing a result.
@@ -248,6 +249,18 @@ def decode_text(data: bytes, what: str) -> str:
         line = data[: error.start].count(b"\n") + 1
         raise ValueError(f"{what} is not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); convert it, "
                          f"e.g. with `iconv -f latin1 -t utf-8`") from None
+
+
+def check_argument_text(sentences: list[str]) -> None:
+    """A sentence on the command line whose bytes were not UTF-8 (Python keeps each such byte as a lone surrogate,
+    U+DC80 to U+DCFF, which the tokenizer cannot take): one line naming the sentence and the byte."""
+    for number, sentence in enumerate(sentences, 1):
+        bad = next((index for index, char in enumerate(sentence) if "\ud800" <= char <= "\udfff"), None)
+        if bad is not None:
+            code = ord(sentence[bad])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate, U+{code:04X},"
+            raise ValueError(f"sentence {number} is not UTF-8 text ({what} at character {bad + 1}); give it as "
+                             f"UTF-8 text, from a terminal set to UTF-8 (check `locale`)")
 
 
 def read_text(path: str | Path, what: str) -> str:

@@ -2,11 +2,11 @@
 
 - `check_run_folder`, `start_run_folder`: a finished run is never replaced unless the caller asks for it;
   `refuse_ignored_arguments`: a resumed run refuses arguments it would ignore; `check_output_file`: what a tool
-  writes never replaces a run's file or a file of another kind; `kept_epochs`, `remove_epochs_after`: the epoch
-  files a run keeps, checked against its checkpoint.
+  writes never replaces a run's file or a file of another kind (`check_save_hyp`: nor one of its inputs);
+  `kept_epochs`, `remove_epochs_after`: the epoch files a run keeps, checked against its checkpoint.
 - `write_decoding`, `read_decoding`: the decoding settings chosen for a run (decoding.json in its folder).
 - `read_run_record`, `steps_trained`: the run record of a run's checkpoint, and the steps it has trained, read
-  without loading its weights.
+  without loading its weights; `last_loss`: its history's last logged loss, in words.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from transformer_lib.checkpoint_checks import CheckpointError, check_checkpoint, checkpoint_errors
-from transformer_lib.files import check_replaceable, read_checked_json, write_checked_json
+from transformer_lib.files import check_replaceable, is_text_lines, read_checked_json, write_checked_json
 from transformer_lib.settings import DECODING_KEYS, check_chosen_on, check_decoding, check_scores, check_weights
 
 
@@ -58,6 +58,22 @@ def check_output_file(path: str | Path, argument: str, replaces: Callable[[Path]
         raise FileExistsError(f"{argument} {str(path)!r} already exists and is not {kind}; it is not overwritten: "
                               f"give a new file name, or remove that file first if it is yours to lose")
     return path
+
+
+def check_save_hyp(path: str | Path | None, inputs: dict[str, Path | None]) -> None:
+    """evaluate's --save-hyp must be a new file or translations saved before: not one of its inputs (inputs: each
+    input's argument, like "--ref-file", and the path given, or None), a run's file or a file of another kind."""
+    if path is None:
+        return
+    target = check_output_file(path, "--save-hyp", replaces=is_text_lines,  # no link, FIFO, folder, run's
+                               kind="a file of translations (text lines, not a record, weights, a notebook or code)")
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"--save-hyp {str(target)!r} is in a folder that does not exist; create "
+                                f"{str(target.parent)!r} first")
+    for argument, given in inputs.items():
+        if given is not None and target.exists() and target.samefile(given):
+            raise ValueError(f"--save-hyp {str(target)!r} is the {argument} and would be overwritten; give another "
+                             f"file name for the translations")
 
 
 def check_run_folder(out_dir: str | Path, resume: bool, overwrite: bool) -> Path:
@@ -230,6 +246,14 @@ def steps_trained(path: str | Path) -> int:
     with checkpoint_errors(path):
         saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     return check_checkpoint(saved, path, ("state",))["state"]["step"]
+
+
+def last_loss(history: list) -> str:
+    """The last logged mean training loss of a run's history in words; entries are (step, mean loss, steps averaged)."""
+    if not history:
+        return "no loss logged"
+    step, loss, steps = history[-1]
+    return f"last logged loss {loss:.3f} (mean of {steps} step{'s' if steps != 1 else ''})"
 
 
 def kept_epochs(run_folder: str | Path) -> list[int]:

@@ -9,6 +9,8 @@ and benchmarks/recipe_trial.py call it; chapter 8 teaches the same steps in vali
 - `translate_with_progress`: translate_batches under a progress of its own; `decode_and_score`: that, then the
   scores (corpus_scores); `sweep`: validation_sweep's decodings (each weights x alpha on the validation split) under
   one progress; `split_pairs`: the split of a run's corpus.
+- `stdin_sentences`: the sentences given on standard input, checked; `warn_empty`: the warning that names the
+  sentences whose translation came out empty.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from transformer_lib.data import load_pairs
+from transformer_lib.files import decode_text, without_byte_order_mark
 from transformer_lib.guards import lock_run_folder
 from transformer_lib.model import Transformer
 from transformer_lib.positional import check_length
@@ -171,6 +174,32 @@ def translate_with_progress(model: Transformer, tokenizer: Tokenizer, sentences:
     with DecodeProgress(len(sentences), source_positions(batches), "translating", enabled=progress) as bar:
         return translate_batches(model, tokenizer, sentences, beam_size=beam_size, alpha=alpha, max_len=max_len,
                                  progress=bar, batches=batches)
+
+
+def warn_empty(translations: Sequence[str]) -> None:
+    """A warning on stderr naming the sentences whose translation came out empty (the command line's)."""
+    empty = [number for number, text in enumerate(translations, 1) if not text.strip()]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
+        print(f"warning: {len(empty)} of {len(translations)} translations are empty (sentence {shown}): the model "
+              f"ended them at once with <eos>, as an undertrained model often does; train longer", file=sys.stderr)
+
+
+def stdin_sentences(data: bytes) -> list[str]:
+    """The sentences of standard input's bytes, one per line: UTF-8 (a byte order mark first is the encoding mark),
+    split only at line ends (LF or CRLF), each stripped; empty lines skipped with a note on stderr, unless all are empty
+    (then no sentences); each checked by check_sentences, named "line N of standard input"."""
+    text = without_byte_order_mark(decode_text(data, "standard input"), "standard input")
+    # Only \n (and \r\n) ends a line: str.splitlines() would also split at U+2028, U+0085, form feeds and more,
+    # and give more translations than sentences.
+    lines = [line.strip() for line in text.removesuffix("\n").split("\n")] if text else []
+    skipped = [str(number) for number, line in enumerate(lines, 1) if not line]
+    if skipped and len(skipped) < len(lines):
+        print(f"note: skipped {len(skipped)} empty line{'s' if len(skipped) > 1 else ''} of standard input "
+              f"(line {', '.join(skipped[:10])}{', ...' if len(skipped) > 10 else ''})", file=sys.stderr)
+    kept = [(number, line) for number, line in enumerate(lines, 1) if line]
+    check_sentences([line for _, line in kept], [f"line {number} of standard input" for number, _ in kept])
+    return [line for _, line in kept]
 
 
 def check_scorable(sources: Sequence[str], references: Sequence[str], what: str = "source sentences") -> None:

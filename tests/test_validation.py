@@ -1,7 +1,6 @@
 """Chapter 8's validation (transformer_lib.validation): after every epoch, the loss on the validation split, and BLEU
 every bleu_every epochs, in a line of its own; kept in the checkpoint so that a resumed run has the same curves; the
-validation sweep that chooses the decoding; the word-level tokenizer option; the local opus_books file; the CPU
-preset."""
+validation sweep that chooses the decoding."""
 
 import contextlib
 import io
@@ -12,7 +11,6 @@ import re
 import pytest
 
 import transformer_lib as tl
-from transformer_lib import recipe
 from transformer_lib import data
 from transformer_lib import scoring
 from transformer_lib import validation
@@ -63,36 +61,6 @@ def test_a_resumed_run_keeps_its_records(tmp_path, monkeypatch):
     # steps early (the short first run logged step 29, the straight run did not)
     keep = lambda records: [{k: r[k] for k in ("epoch", "step", "valid_loss", "valid_bleu")} for r in records]  # noqa: E731
     assert keep(resumed["validation"]) == keep(straight["validation"]) and len(resumed["validation"]) == 2
-
-
-def test_the_word_level_tokenizer_is_a_training_setting(tmp_path, monkeypatch):
-    monkeypatch.setenv(data.DATA_ENV, str(write_corpus(tmp_path / "data")))
-    overrides = {"model": TINY["model"], "training": {**TINY["training"], "tokenizer": "word", "bleu_every": 0}}
-    tl.train_translator(tmp_path / "run", preset="tiny", overrides=overrides, max_steps=3, progress=False)
-    _, tokenizer = tl.load_translator(tmp_path / "run", "cpu")
-    assert tokenizer.encode("Ein Hund läuft .").tokens == ["<bos>", "Ein", "Hund", "läuft", ".", "<eos>"]
-    assert tokenizer.encode("Ein Elefant läuft .").ids.count(tl.UNK_ID) == 1  # an unseen word is <unk>, not spelled
-
-
-def test_word_tokenizer_refuses_a_vocabulary_without_room():
-    with pytest.raises(ValueError, match="vocab_size must exceed"):
-        tl.train_word_tokenizer(["a b"], vocab_size=4)
-
-
-def test_opus_books_reads_a_local_file(tmp_path, monkeypatch):
-    rows = [{"id": str(i), "translation": {"en": f"sentence {i}", "it": f"frase {i}"}} for i in range(2100)]
-    (tmp_path / "opus_books").mkdir()
-    (tmp_path / "opus_books" / "en-it.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    monkeypatch.setenv(data.DATA_ENV, str(tmp_path))
-    test = data.load_pairs("opus_books", "test", "en", "it", config="en-it")
-    assert len(test) == 1000 and test[0][0].startswith("sentence") and test[0][1].startswith("frase")
-
-
-def test_the_cpu_preset_is_the_gpu_preset_made_cheaper():
-    cpu, gpu = recipe.PRESETS["multi30k-cpu"], recipe.PRESETS["multi30k"]
-    assert cpu["model"]["d_model"] == gpu["model"]["d_model"] and cpu["model"]["n_layers"] == gpu["model"]["n_layers"]
-    assert cpu["model"]["d_ff"] < gpu["model"]["d_ff"] and cpu["training"]["max_tokens"] < gpu["training"]["max_tokens"]
-    assert cpu["training"]["vocab_size"] == gpu["training"]["vocab_size"]
 
 
 # ---- the epoch line, printed above the progress bar ----
