@@ -40,6 +40,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                  {"model": {"norm_first": True, "norm": "rms"}}),
     "swiglu": ("a SwiGLU feed-forward network, 2/3 of d_ff wide, instead of the ReLU one (chapter 10)",
                {"model": {"ffn": "swiglu"}}),
+    "rotary": ("rotary positions in every self-attention instead of added sinusoids (chapter 10)",
+               {"model": {"positional": "rotary"}}),
+    "grouped-query": ("2 key/value heads for the 8 query heads of the decoder's attentions (chapter 10)",
+                      {"model": {"n_kv_heads": 2}}),
+    "block-2026": ("all of them with pre-norm: RMSNorm, SwiGLU, rotary positions, 2 key/value heads (chapter 10)",
+                   {"model": {"norm_first": True, "norm": "rms", "ffn": "swiglu", "positional": "rotary",
+                              "n_kv_heads": 2}}),
 }
 
 

@@ -33,7 +33,8 @@ DIGEST = re.compile(r"records sha256 ([0-9a-f]{64})")
 # every other variant: seed 0, and seed 1 by wants_a_second_seed. pre-norm gets the baseline's three: its first two
 # seeds were each beyond the test set's noise, the same way, the one gain that could change a choice of the book's
 # Part III's variants (chapter 10) have their seeds declared before any of them ran, never chosen from results
-PLANNED_SEEDS = {"baseline": (0, 1, 2), "pre-norm": (0, 1, 2), "rms-norm": (0, 1), "swiglu": (0, 1)}
+PLANNED_SEEDS = {"baseline": (0, 1, 2), "pre-norm": (0, 1, 2), "rms-norm": (0, 1), "swiglu": (0, 1), "rotary": (0, 1),
+                 "grouped-query": (0, 1), "block-2026": (0, 1, 2)}
 ALPHA = 0.05  # a paired p-value below it: a gap the test set's sampling does not explain
 NOT_LEARNED = 1.0  # a test BLEU below it: the run did not learn to translate at all
 

@@ -16,7 +16,9 @@ from test_translation import small_model
 # Every model option that changes a decoder layer (chapters 6 and 10): the cache must hold for each
 MODEL_OPTIONS = {"post-norm": {}, "pre-norm": {"norm_first": True}, "rms-norm": {"norm_first": True, "norm": "rms"},
                  "post-rms-norm": {"norm": "rms"}, "swiglu": {"ffn": "swiglu"},
-                 "all": {"norm_first": True, "norm": "rms", "ffn": "swiglu"}}
+                 "rotary": {"positional": "rotary"}, "grouped-query": {"n_kv_heads": 2},
+                 "multi-query": {"n_kv_heads": 1},
+                 "all": {"norm_first": True, "norm": "rms", "ffn": "swiglu", "positional": "rotary", "n_kv_heads": 2}}
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -138,7 +138,7 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         (dict(dropout=1.5), r"dropout must be a number in \[0, 1\), got 1.5"),
         (dict(dropout="0.1"), r"dropout must be a number in \[0, 1\), got '0.1'"),  # not a TypeError
         (dict(pad_id=None), "pad_id must be a token id of both vocabularies, got None"),
-        (dict(positional="rotary"), "positional must be one of 'sinusoidal', 'learned', got 'rotary'"),
+        (dict(positional="spiral"), "positional must be one of 'sinusoidal', 'learned', 'rotary', got 'spiral'"),
         (dict(share_embeddings=True), "share_embeddings needs one joint vocabulary"),
         (dict(pad_id=40), "pad_id must be a token id of both vocabularies, got 40"),
         (dict(n_layers=0), "n_layers must be a positive integer, got 0"),
@@ -149,6 +149,8 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         (dict(share_embeddings=None), "share_embeddings must be True or False, got None"),
         (dict(norm="batch"), "norm must be one of 'layer', 'rms', got 'batch'"),  # chapter 10 adds 'rms'
         (dict(ffn="gelu"), "ffn must be one of 'relu', 'swiglu', got 'gelu'"),
+        (dict(n_kv_heads=3), r"n_kv_heads must be a positive divisor of n_heads=4 \(or None for n_heads\), got 3"),
+        (dict(n_kv_heads=0), "n_kv_heads must be a positive divisor of n_heads=4"),
     ],
 )
 def test_bad_configurations(changes, message):
@@ -198,7 +200,7 @@ def test_a_positional_encoding_added_to_the_table_is_one_the_config_accepts_and_
         def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
             return self.dropout(x)
 
-    with pytest.raises(ValueError, match="positional must be one of 'sinusoidal', 'learned', got 'none'"):
+    with pytest.raises(ValueError, match="positional must be one of 'sinusoidal', 'learned', 'rotary', got 'none'"):
         small_model(positional="none")
     monkeypatch.setitem(tl.POSITIONAL_ENCODINGS, "none", NoPositions)
     model = small_model(positional="none")

@@ -197,3 +197,30 @@ def test_grouped_query_attention_rotates_queries_and_keys_from_their_start():
     q_all, (k_all, _) = attention.query_heads(x), attention.key_value_heads(x, x)
     torch.testing.assert_close(attention.query_heads(x[:, 6:], start=6), q_all[:, :, 6:])
     torch.testing.assert_close(attention.key_value_heads(x[:, 6:], x[:, 6:], start=6)[0], k_all[:, :, 6:])
+
+
+def test_rotary_and_shared_heads_are_options_built_where_they_belong():
+    cfg = tl.TransformerConfig(**SMALL, positional="rotary", n_kv_heads=2)
+    model = tl.Transformer(cfg)
+    for layer in model.encoder.layers:  # rotated, every head: the encoder keeps nothing in a cache
+        assert isinstance(layer.self_attn, tl.GroupedQueryAttention) and layer.self_attn.n_kv_heads == 4
+        assert layer.self_attn.rotary is not None
+    for layer in model.decoder.layers:
+        assert layer.self_attn.n_kv_heads == 2 and layer.self_attn.rotary is not None
+        assert layer.cross_attn.n_kv_heads == 2 and layer.cross_attn.rotary is None  # two sequences: not rotated
+    x = torch.randn(1, 5, 32)
+    assert torch.equal(model.src_positional.eval()(x), x)  # nothing added to the embeddings
+    paper = tl.Transformer(tl.TransformerConfig(**SMALL))
+    assert all(type(m) is tl.MultiHeadAttention for m in paper.modules() if isinstance(m, tl.MultiHeadAttention))
+    only_grouped = tl.Transformer(tl.TransformerConfig(**SMALL, n_kv_heads=2))
+    assert type(only_grouped.encoder.layers[0].self_attn) is tl.MultiHeadAttention
+
+
+def test_a_rotary_model_has_no_position_tables_and_reads_the_same_sentence_anywhere_in_a_batch():
+    torch.manual_seed(0)
+    model = tl.Transformer(tl.TransformerConfig(**SMALL, positional="rotary")).eval()
+    assert not [name for name in model.state_dict() if "positional" in name or "rotary" in name]
+    src = torch.randint(4, 40, (1, 6))
+    padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], dim=1)  # the same sentence with padding after it
+    tgt = torch.randint(4, 40, (1, 5))
+    torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
