@@ -126,8 +126,6 @@ def test_a_checkpoint_past_a_real_size_limit_is_one_line_naming_the_file_and_the
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
-@pytest.mark.xfail(strict=True, reason="needs chapter 8's train_translator to save an epoch's checkpoint after its "
-                                       "epoch file and before pruning older ones (issue 49): a chapter-8 code change")
 def test_a_checkpoint_past_a_real_size_limit_leaves_the_run_folder_as_it_was(checkpoint_past_a_size_limit):
     run, before, _, resumed = checkpoint_past_a_size_limit
     assert resumed.returncode == 1

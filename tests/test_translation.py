@@ -188,6 +188,25 @@ def test_check_sentences_names_the_sentence_as_the_caller_does():
                                                    "line 3 of standard input"])
     with pytest.raises(ValueError, match=r"^--src-file f.de: line 2 is empty"):
         tr.check_sentences(["a", ""], ["--src-file f.de: line 1", "--src-file f.de: line 2"])
+    with pytest.raises(ValueError, match=r"^sentence 0 holds a lone surrogate, U\+DCFF, at character 4, which is "
+                                         r"not text; give UTF-8 text$"):
+        tr.check_sentences(["Ein\udcff Hund."])  # a byte 0xff read with errors="surrogateescape"
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True, "8"])
+def test_translate_refuses_a_batch_size_that_is_not_a_count(batch_size):
+    model = small_model()
+    tokenizer = tl.train_bpe_tokenizer(["ein hund", "eine katze"] * 5, vocab_size=30, min_frequency=1)
+    with pytest.raises(ValueError) as refused:
+        tr.translate(model, tokenizer, ["ein hund"], batch_size=batch_size)
+    assert str(refused.value) == (f"batch_size must be a positive integer (sentences decoded at once), got "
+                                  f"{batch_size!r}")
+
+
+@pytest.mark.parametrize("max_len", [40, 0, 2.5])
+def test_beam_search_refuses_a_max_len_beyond_the_models_positions(max_len):
+    with pytest.raises(ValueError, match=r"^max_len must be a positive integer of at most 39 for this model"):
+        tl.beam_search(small_model(), torch.tensor([[5, 6, 7]]), max_len=max_len)
 
 
 @pytest.mark.parametrize("max_len", [40, 1000, 0, -1, 2.5, True])
@@ -256,6 +275,8 @@ def test_one_epoch_file_missing_in_the_middle_is_refused_not_skipped(tmp_path, m
                                   f"finished 3 epochs and {out} keeps those of epochs 1, 3; ")
         assert "\n" not in message
     assert tr.last_epochs(tl.load_checkpoint(out / "checkpoint.pt"), out, 1) == [3]
+    with pytest.raises(FileNotFoundError, match=r"^average_last=1000000000000000000 averages the weights of the "):
+        tr.last_epochs(tl.load_checkpoint(out / "checkpoint.pt"), out, 10**18)  # a line, not a list of 10**18
     tl.load_translator(out, "cpu", average_last=1)  # the final weights need no epoch file
 
 
