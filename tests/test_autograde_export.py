@@ -155,7 +155,7 @@ def test_otter_assign_builds_the_assignment_and_otter_run_gives_the_answer_full_
     with zipfile.ZipFile(autograder) as archive:  # the grading image installs the package the chapter was written for
         assert (folder / "requirements.txt").read_text().strip() in archive.read("environment.yml").decode()
     student_text = student.read_text()
-    assert 'raise NotImplementedError(\\"Exercise: write my_packed_mask\\")' in student_text
+    assert 'raise NotImplementedError(\\"Exercise 4.4: write my_packed_mask\\")' in student_text
     assert "same & real & causal" not in student_text and "same & real & causal" in solved.read_text()
     public = (folder / "dist" / "student" / "tests" / "ex_masking_packed.py").read_text()
     assert "seed=0" in public and "seed=None" not in public  # the hidden test stays with the autograder

@@ -499,7 +499,7 @@ def rms_norm_variant(x, weight, eps, how=""):
 CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
-    "grade_sinusoidal_encoding": [shift_encoding, shift_encoding_as_complex],
+    "grade_shift_encoding": [shift_encoding, shift_encoding_as_complex],
     "grade_attention": [attention, attention_additive_bias, attention_masked_after_softmax, attention_bias_as_factor],
     "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
     "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
@@ -609,7 +609,7 @@ MUTANTS = {
         ("one id per sentence", lambda vectors, weight: ids_from_embeddings(vectors, weight)[..., 0],
          r"case 1 of 7 .*expected shape \(2, 7\), got \(2,\)"),
     ],
-    "grade_sinusoidal_encoding": [
+    "grade_shift_encoding": [
         ("the textbook rotation matrix", shift_textbook_rotation, r"Likely cause: every pair is turned the wrong way"),
         ("pairs of halves", shift_rotate_half,
          r"Likely cause: dimension j is paired with dimension j \+ d_model/2"),

@@ -21,7 +21,7 @@ graders from here, as above.
 from collections.abc import Callable
 
 from .ch01_text_to_tensors import grade_bpe_segment, grade_embedding_inverse
-from .ch02_positional_encoding import grade_sinusoidal_encoding
+from .ch02_positional_encoding import grade_shift_encoding
 from .ch03_attention import grade_attention
 from .ch04_masking import grade_packed_mask
 from .ch05_multi_head_attention import grade_blockwise_attention, grade_head_outputs
@@ -36,7 +36,7 @@ from .engine import Diagnosis, ExerciseGradeError, grade_against
 EXERCISE_GRADERS: dict[str, Callable[..., None]] = {
     "ex-text-bpe-segment": grade_bpe_segment,
     "ex-text-embedding-inverse": grade_embedding_inverse,
-    "ex-positional-table": grade_sinusoidal_encoding,
+    "ex-positional-shift": grade_shift_encoding,
     "ex-attention-write": grade_attention,
     "ex-masking-packed": grade_packed_mask,
     "ex-multihead-head-outputs": grade_head_outputs,
@@ -64,5 +64,5 @@ __all__ = [
     "grade_packed_mask",
     "grade_parameter_count",
     "grade_rms_norm",
-    "grade_sinusoidal_encoding",
+    "grade_shift_encoding",
 ]

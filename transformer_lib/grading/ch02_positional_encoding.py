@@ -65,10 +65,10 @@ def _refuse_full_matrix(fn: Callable[[Tensor, int], Tensor], seed: int) -> None:
             f"{square[0]}, a d_model x d_model matrix such as M_k. Its output may be right, but it costs "
             f"d_model^2 multiplications per vector; the exercise is to turn each (sin, cos) pair with elementwise "
             f"products, cos(k omega_i) and sin(k omega_i) times the sines and cosines, at a cost proportional to "
-            f"d_model.\n(To run these same inputs again: grade_sinusoidal_encoding({name}, seed={seed}).)")
+            f"d_model.\n(To run these same inputs again: grade_shift_encoding({name}, seed={seed}).)")
 
 
-def grade_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | None = None) -> None:
+def grade_shift_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | None = None) -> None:
     """Check fn(pe, k) -> every (sin, cos) pair of pe (..., d_model) turned by k * omega_i: PE[p + k] for the rows
     PE[p] of tl.sinusoidal_encoding, and the same rotation for any other vector."""
     g, seed = _generator(seed)
@@ -137,4 +137,4 @@ def grade_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | N
     # k * omega_i stays below 60 radians: float32 rounds such an angle by about 4e-6, and a float32 answer (e.g. in
     # complex numbers) differed from the float64 reference by at most 1.2e-5 on vectors twice as large as these,
     # a tenth of the tolerance.
-    _run("grade_sinusoidal_encoding", fn, reference, cases, seed, atol=1e-4, rtol=1e-4, hints=hints, diagnose=diagnose)
+    _run("grade_shift_encoding", fn, reference, cases, seed, atol=1e-4, rtol=1e-4, hints=hints, diagnose=diagnose)
