@@ -69,10 +69,13 @@ def run(args: argparse.Namespace, overrides: dict) -> dict:
 
     # BLEU after every epoch (the curve), and the weights of as many last epochs as the largest average needs
     training = {**overrides.get("training", {}), "bleu_every": 1, "keep_checkpoints": max([1, *args.average])}
+    if args.epochs is not None:  # --epochs is the run's length, so the settings the report records say so too
+        training["epochs"] = args.epochs
     overrides = {"model": dict(overrides.get("model", {})), "training": training}
+    settings = recipe.resolve_settings(args.preset, overrides)
     report = {
         "what": WHAT, "preset": args.preset, "overrides": overrides,
-        "settings": recipe.resolve_settings(args.preset, overrides), "epochs": args.epochs,
+        "settings": settings, "epochs": settings["training"]["epochs"],
         "device": str(tl.get_device()), "cpu": tl.runtime.cpu_name(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
         "date": datetime.date.today().isoformat(), "load_average_at_start": os.getloadavg(), "points": [],
@@ -93,8 +96,8 @@ def run(args: argparse.Namespace, overrides: dict) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="recipe_trial_"))
     try:
         started = time.perf_counter()
-        summary = tl.train_translator(run_dir / "run", preset=args.preset, overrides=overrides, epochs=args.epochs,
-                                      on_record=on_record, progress=not args.no_progress)
+        summary = tl.train_translator(run_dir / "run", preset=args.preset, overrides=overrides, on_record=on_record,
+                                      progress=not args.no_progress)  # as many epochs as the settings say
         report["wall_minutes_training_and_validation"] = (time.perf_counter() - started) / 60
         report["training_minutes"] = report["points"][-1]["minutes"]
         report["steps"] = summary["steps"]
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="multi30k-cpu", choices=sorted(PRESETS), help="default: %(default)s")
     parser.add_argument("--config", type=Path, help='JSON overrides, as for the command line: {"model": {...}, ...}')
-    parser.add_argument("--epochs", type=positive_int, default=8, help="default: %(default)s")
+    parser.add_argument("--epochs", type=positive_int, help="default: --config's training.epochs, else the preset's")
     parser.add_argument("--average", type=positive_int, nargs="*", default=[2, 3, 4], help="average the last N epochs")
     parser.add_argument("--alpha", type=alpha_value, nargs="+", default=[0.6, 1.0], help="length-penalty exponents")
     parser.add_argument("--beam", type=beam_size, default=4, help="default: %(default)s")

@@ -55,3 +55,26 @@ def test_a_bad_config_is_one_line_naming_it(tmp_path, capsys, config, expected):
     out = tmp_path / "r.json"
     refused(capsys, ["--config", str(path), "--json", str(out)], "--config", str(path), expected)
     assert not out.exists()  # nothing written before the settings are checked
+
+
+def test_the_report_records_the_length_it_trains(tmp_path, monkeypatch, capsys):
+    import transformer_lib as tl
+    from transformer_lib.files import read_checked_json
+    from transformer_lib.recipe import PRESETS, resolve_settings
+
+    trained = []  # the length train_translator was given, read from its settings as it reads them
+
+    def no_training(out_dir, preset, overrides, **kwargs):
+        trained.append(kwargs.get("epochs") or resolve_settings(preset, overrides)["training"]["epochs"])
+        raise ValueError("no training in this test")
+
+    monkeypatch.setattr(tl, "train_translator", no_training)
+    config = tmp_path / "config.json"
+    config.write_text('{"training": {"epochs": 2}}', encoding="utf-8")
+    preset_length = PRESETS["multi30k-cpu"]["training"]["epochs"]
+    for n, (argv, epochs) in enumerate([(["--epochs", "3"], 3), (["--config", str(config)], 2),
+                                        (["--config", str(config), "--epochs", "5"], 5), ([], preset_length)]):
+        out = tmp_path / f"report-{n}.json"
+        refused(capsys, [*argv, "--json", str(out)], "no training in this test")
+        report = read_checked_json(out, "recipe report", recipe_trial.WRITER)  # written before training starts
+        assert report["epochs"] == report["settings"]["training"]["epochs"] == trained[-1] == epochs, argv
