@@ -3,11 +3,19 @@
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer_lib.training import translation_loss
 
-from .engine import _generator, _randint, _run
+from .engine import _generator, _randint, _refuse_calls, _run
+
+# The ways to reach PyTorch's cross-entropy, which the exercise forbids; the check names the first one reached.
+_CROSS_ENTROPY = {
+    translation_loss: "tl.translation_loss, which calls torch.nn.functional.cross_entropy",
+    nn.CrossEntropyLoss.forward: "nn.CrossEntropyLoss, which calls torch.nn.functional.cross_entropy",
+    nn.functional.cross_entropy: "torch.nn.functional.cross_entropy (F.cross_entropy)",
+    torch._C._nn.cross_entropy_loss: "torch._C._nn.cross_entropy_loss, the kernel of F.cross_entropy",
+}
 
 
 def _smoothed_per_token(logits: Tensor, labels: Tensor, on_label: float, on_others: float, dim: int = -1) -> Tensor:
@@ -77,5 +85,9 @@ def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None
         "each sentence is averaged first, then the sentences; average over all real tokens at once, so that every "
         "token counts the same": sentence_means,
     }
+    _refuse_calls(fn, [case for _, case in cases], _CROSS_ENTROPY,
+                  lambda label, _: f"your function called {label}; the exercise is to write the smoothed loss "
+                                   f"without calling cross_entropy, from log_softmax and the smoothed target q.",
+                  "grade_label_smoothed_loss", seed)
     _run("grade_label_smoothed_loss", fn,
          lambda logits, labels, pad_id, eps: translation_loss(logits, labels, pad_id, eps), cases, seed, hints=hints)
