@@ -1,13 +1,14 @@
 """What the records of benchmarks/ablations.py show: sacreBLEU's statistics of each run against the baseline of its
-seed, the tables that `ablations.py --summary` prints and the appendix reads, whether a run had the machine to itself
-(its minutes), and the validation curves.
+seed, the appendix's test of each variant's mean gap over its seeds (the sentences' noise and the seeds' together,
+Holm's adjustment over the variants), the tables that `ablations.py --summary` prints and the appendix reads, whether
+a run had the machine to itself (its minutes), and the validation curves.
 """
 
 from __future__ import annotations
 
 import math
 
-from transformer_lib.scoring import bootstrap_interval, paired_bootstrap
+from transformer_lib.scoring import bootstrap_interval, paired_bootstrap, signed_paired_bootstrap
 
 from ablation_records import VARIANTS
 
@@ -56,6 +57,119 @@ def significance(records: list[dict], references: list[str], n_samples: int = 10
         stats[run["variant"], run["seed"]] = {"mean": interval["mean"], "ci": interval["ci"],
                                               "p_value": None if paired is None else paired["p_value"]}
     return stats
+
+
+NOT_LEARNED = 1.0  # a test BLEU below it: the run did not learn to translate at all
+SACREBLEU_SEED = 12345  # sacreBLEU's default resampling seed, which every other test on the page uses
+
+
+def gaps(records: list[dict], variant: str) -> dict[int, float]:
+    """The variant's test BLEU minus the baseline's of the same seed, by seed, for its runs that trained and have a
+    baseline of their seed."""
+    baseline = baselines(records)
+    return {r["seed"]: r["test"]["bleu"] - baseline[r["seed"]]["test"]["bleu"] for r in records
+            if r["variant"] == variant and not r["diverged"] and r["seed"] in baseline}
+
+
+def seed_noise(records: list[dict]) -> tuple[float | None, int]:
+    """The seeds' noise of a gap: the standard deviation of a variant's gap from one seed to the next, pooled over
+    every variant with two or more gaps (each gap around its own variant's mean gap), and its degrees of freedom.
+
+    Its expectation does not grow with the number of seeds, as the spread max - min does. Runs that never learned to
+    translate (test BLEU below NOT_LEARNED) are left out: their gaps say nothing of how far a seed moves a working
+    recipe. (None, 0) while no variant has two gaps."""
+    squares, freedom = 0.0, 0
+    for variant in VARIANTS:
+        if variant == "baseline":
+            continue
+        learned = {r["seed"] for r in records if r["variant"] == variant and not r["diverged"]
+                   and r["test"]["bleu"] >= NOT_LEARNED}
+        values = [gap for seed, gap in gaps(records, variant).items() if seed in learned]
+        if len(values) > 1:
+            mean = sum(values) / len(values)
+            squares += sum((value - mean) ** 2 for value in values)
+            freedom += len(values) - 1
+    return (math.sqrt(squares / freedom), freedom) if freedom else (None, 0)
+
+
+def sentence_noise(records: list[dict], references: list[str], n_samples: int = 1000) -> dict[str, dict]:
+    """The sentences' noise of each variant's mean gap over its seeds, keyed by variant: "gap" (the mean gap),
+    "seeds", "se" (its standard error from resampling the test sentences) and "p_value" (that noise alone).
+
+    Every seed's pair (the variant and the baseline of that seed) is scored on the same resamples of the test
+    sentences: scoring.signed_paired_bootstrap on sacreBLEU's per-sentence BLEU statistics of every seed side by
+    side, the score being the mean of the seeds' corpus BLEU. "se" is the half-width of the resampled mean gaps'
+    middle 95% over 1.96, the standard deviation of a normal distribution of that width."""
+    import numpy as np
+    import sacrebleu
+
+    bleu, baseline = sacrebleu.metrics.BLEU(), baselines(records)
+    statistics = {}  # (variant, seed) -> per-sentence statistics, each extracted once
+
+    def of(run: dict):
+        key = run["variant"], run["seed"]
+        if key not in statistics:
+            statistics[key] = np.asarray(bleu._extract_corpus_statistics(run["test_hypotheses"]["chosen"],
+                                                                         [references]), dtype=float)
+        return statistics[key]
+
+    found = {}
+    for variant in VARIANTS:
+        runs = sorted((r for r in records if r["variant"] == variant and not r["diverged"] and r["seed"] in baseline
+                       and variant != "baseline"), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        width = of(runs[0]).shape[1]
+
+        def mean_bleu(summed) -> float:  # the seeds' statistics side by side: the mean of their corpus BLEU
+            return sum(bleu._compute_score_from_stats(summed[i:i + width]).score
+                       for i in range(0, len(summed), width)) / (len(summed) // width)
+
+        test = signed_paired_bootstrap(np.hstack([of(baseline[r["seed"]]) for r in runs]),
+                                       np.hstack([of(r) for r in runs]), mean_bleu, n_samples, SACREBLEU_SEED)
+        found[variant] = {"gap": test["difference"], "seeds": [r["seed"] for r in runs],
+                          "se": test["difference_ci"] / 1.96, "p_value": test["p_value"]}
+    return found
+
+
+def holm(p_values: dict[str, float], family_size: int) -> dict[str, float]:
+    """Holm's step-down adjusted p-values over a family of family_size comparisons, of which p_values holds those
+    measured (the others count as p = 1, and so only as members of the family): the i-th smallest p times
+    (family_size - i + 1), never below the adjusted p before it, never above 1."""
+    if len(p_values) > family_size:
+        raise ValueError(f"family_size must count every comparison, got {family_size} for {len(p_values)} p-values")
+    adjusted, running = {}, 0.0
+    for rank, (name, p) in enumerate(sorted(p_values.items(), key=lambda item: item[1])):
+        running = max(running, min(1.0, (family_size - rank) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def judge(records: list[dict], noise: dict[str, dict]) -> dict[str, dict]:
+    """The appendix's test of each variant, declared before chapter 10's variants ran: the mean gap over its seeds
+    against both noises at once. Its standard error adds the sentences' variance (sentence_noise) and the seeds'
+    (seed_noise's pooled standard deviation squared, over the number of seeds); t = gap / se, and "p_value" is
+    Student's t's two-sided p with seed_noise's degrees of freedom ("seeds_measured" False, and a normal p of the
+    sentences' noise alone, while no variant has two seeds). "holm" is that p adjusted over the family of every
+    variant of VARIANTS but the baseline, run or not."""
+    from scipy import stats
+
+    sd, freedom = seed_noise(records)
+    judged = {}
+    for variant, sentences in noise.items():
+        seeds = len(sentences["seeds"])
+        from_seeds = sd / math.sqrt(seeds) if sd is not None else 0.0
+        se = math.sqrt(sentences["se"] ** 2 + from_seeds ** 2)
+        t = sentences["gap"] / se if se > 0 else (0.0 if sentences["gap"] == 0 else math.inf)
+        p = 2 * (stats.t.sf(abs(t), freedom) if sd is not None else stats.norm.sf(abs(t)))
+        judged[variant] = {**sentences, "se_sentences": sentences["se"], "se_seeds": from_seeds if sd is not None else None,
+                           "se": se, "t": t, "p_value": float(p), "seeds_measured": sd is not None,
+                           "seed_sd": sd, "freedom": freedom}
+    family = [variant for variant in VARIANTS if variant != "baseline"]
+    adjusted = holm({variant: j["p_value"] for variant, j in judged.items()}, len(family))
+    for variant, j in judged.items():
+        j.update(holm=adjusted[variant], family=len(family))
+    return judged
 
 
 def runs_table(records: list[dict], references: list[str]):

@@ -16,8 +16,10 @@ keeps. The decoding with the best validation BLEU is the run's choice, and test2
 rows on decoding) greedy with the final weights and beam search with the final weights at their best alpha.
 
 Each run writes one record, DIR/<variant>-seed<S>.json, as soon as it ends (a diverged run records where and why),
-and a run whose record exists is not repeated, so an interrupted sweep goes on where it stopped; --stop-after
-starts no run after that many minutes (a machine's command limit). --jobs N trains N runs at once: on a GPU a model
+and a run whose record exists is not repeated, so an interrupted sweep goes on where it stopped. A run trains in a
+folder of its own under --work, <variant>-seed<S>, kept until its record is written: a run that was stopped (a
+session's end, a kill) goes on from its last checkpoint when the sweep is called again, and its record lists where
+it was resumed. --stop-after starts no run after that many minutes (a machine's command limit). --jobs N trains N runs at once: on a GPU a model
 this small leaves most of it idle, so runs share it; on a CPU keep 1. Minutes measured while runs share a device
 say so in the record (jobs).
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -62,15 +65,29 @@ def _minutes_argument(value: str) -> float:
 
 def _folder_argument(value: str) -> str:
     if not Path(value).is_dir():
-        raise argparse.ArgumentTypeError(f"expected an existing folder for the runs' temporary folders, got {value!r}; "
-                                         f"create it, or leave --work out to use the system's")
+        raise argparse.ArgumentTypeError(f"expected an existing folder for the runs' folders, got {value!r}; "
+                                         f"create it, or leave --work out to use {DEFAULT_WORK}")
     return value
 
 
-def open_log(path: Path):
-    """A run's log, created or emptied; never a link (O_NOFOLLOW), a folder or a special file (check_replaceable)."""
+DEFAULT_WORK = Path(tempfile.gettempdir()) / "transformer_lib_ablations"  # where runs train unless --work says
+PROGRESS_FILE = "progress.json"  # beside a run's folder: what a resumed run's record needs from its earlier parts
+
+
+def run_folder(args: argparse.Namespace) -> Path:
+    """The folder one (variant, seed) of the sweep that writes to --out trains in, kept until its record is written,
+    so that a stopped run resumes; named after --out too, so that two sweeps never share a run."""
+    out = Path(args.out).resolve()
+    sweep = f"{out.name}-{hashlib.sha256(str(out).encode()).hexdigest()[:8]}"
+    return Path(args.work or DEFAULT_WORK) / sweep / f"{args.variant}-seed{args.seed}"
+
+
+def open_log(path: Path, append: bool = False):
+    """A run's log, created or emptied (or, append, added to: a resumed run keeps its earlier parts' lines); never a
+    link (O_NOFOLLOW), a folder or a special file (check_replaceable)."""
     check_replaceable(path, "ablation log")
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    keep = os.O_APPEND if append else os.O_TRUNC
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | keep | getattr(os, "O_NOFOLLOW", 0), 0o666)
     return os.fdopen(descriptor, "w", encoding="utf-8")
 
 
@@ -89,7 +106,7 @@ def run_one(args: argparse.Namespace) -> dict:
     """Train one (variant, seed), decode as the module says, and return its record (also written to --out)."""
     import transformer_lib as tl
     from transformer_lib import split_decoding, translation
-    from transformer_lib.files import write_checked_json
+    from transformer_lib.files import read_checked_json, write_checked_json
     from transformer_lib.guards import DivergedError
     from transformer_lib.runs import read_run_record
 
@@ -104,85 +121,103 @@ def run_one(args: argparse.Namespace) -> dict:
         "date": datetime.date.today().isoformat(), "diverged": False,
     }
     out = Path(args.out)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"ablation_{args.variant}_{args.seed}_", dir=args.work))
+    run_dir = run_folder(args)
+    if args.overwrite and run_dir.exists():
+        shutil.rmtree(run_dir)  # --overwrite runs it again from the start
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_dir / "run" / "checkpoint.pt"
+    resumed = checkpoint.exists()
+    # What the earlier parts of a resumed run measured: the load average at each epoch's end, their wall minutes,
+    # and where each part began; the epoch records themselves are in the checkpoint.
+    progress = read_checked_json(run_dir / PROGRESS_FILE, "a stopped run's progress", "benchmarks/ablations.py") if (
+        resumed and (run_dir / PROGRESS_FILE).exists()) else {"load_average": [], "wall_minutes": 0.0, "resumed": []}
+    if resumed:
+        state = tl.load_checkpoint(checkpoint)["state"]
+        progress["load_average"] = progress["load_average"][: state["epoch"]]  # epochs the checkpoint holds
+        progress["resumed"].append({"step": state["step"], "epoch": state["epoch"],
+                                    "date": datetime.date.today().isoformat(), **_device_facts()})
+        print(f"resuming {run_dir / 'run'} from step {state['step']:,} (epoch {state['epoch']})", flush=True)
     curve: list[dict] = []
+    started = time.perf_counter()
 
-    load: list[float] = []  # the machine's 1-minute load average at each epoch's end: was anything else running?
+    def wall_minutes() -> float:
+        return progress["wall_minutes"] + (time.perf_counter() - started) / 60
 
     def on_record(point: dict) -> None:  # the epoch records, kept for the curve and shown in the run's log
         curve.append(point)
-        if hasattr(os, "getloadavg"):
-            load.append(round(os.getloadavg()[0], 2))
+        if hasattr(os, "getloadavg"):  # the machine's 1-minute load average: was anything else running?
+            progress["load_average"].append(round(os.getloadavg()[0], 2))
+        write_checked_json(run_dir / PROGRESS_FILE, {**progress, "wall_minutes": wall_minutes()}, indent=1)
         print(json.dumps(point), flush=True)
 
-    started = time.perf_counter()
     try:
-        try:
-            summary = tl.train_translator(
-                run_dir / "run", preset=args.preset, overrides=overrides, seed=args.seed, epochs=args.epochs,
-                train_limit=args.train_limit, progress=False, on_record=on_record)
-        except DivergedError as error:  # a variant that fails to train is a result, not a crash
-            record.update(diverged=True, error=str(error), curve=curve, steps=None, minutes=None,
-                          wall_minutes=(time.perf_counter() - started) / 60)
-            write_checked_json(record_path(out, args.variant, args.seed), record, indent=1)
-            return record
-        record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve, load_average=load,
-                      minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
-                      final_valid_loss=curve[-1]["valid_loss"] if curve else None)
-        run = read_run_record(run_dir / "run" / "checkpoint.pt")["run"]  # Multi30k de-en, as the runs train
-        splits = {split: split_decoding.split_pairs(run, split) for split in ("validation", "test")}
-        decodes, loaded, hypotheses = [], {}, {}
-
-        def row_of(split: str, average_last: int, beam: int, alpha: float, scores: dict) -> dict:
-            row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
-                   "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
-                   "bleu_signature": scores["bleu_signature"]}
-            decodes.append(row)
-            return row
-
-        def sweep(beam: int, alphas: list[float], average_lasts: list[int] | None) -> list[dict]:
-            rows = split_decoding.sweep(run_dir / "run", splits["validation"], beam_size=beam, alphas=alphas,
-                                        average_lasts=average_lasts, max_len=args.max_len, progress=False,
-                                        print_rows=False)
-            return [row_of("validation", r["average_last"], beam, r["alpha"], r["scores"]) for r in rows]
-
-        def decode(split: str, average_last: int, beam: int, alpha: float, keep: str | None = None) -> dict:
-            if average_last not in loaded:
-                loaded[average_last] = translation.load_translator(run_dir / "run", average_last=average_last)
-            model, tokenizer = loaded[average_last]
-            sources, references = zip(*splits[split])
-            hypotheses_of, scores = split_decoding.decode_and_score(model, tokenizer, sources, references,
-                                                                    beam_size=beam, alpha=alpha, max_len=args.max_len,
-                                                                    progress=False)
-            if keep is not None:  # the sentences themselves, for bootstrap intervals and paired tests later
-                hypotheses[keep] = hypotheses_of
-            return row_of(split, average_last, beam, alpha, scores)
-
-        greedy = sweep(1, [0.0], [1])[0]
-        record["valid_bleu_greedy"] = greedy["bleu"]
-        beams = sweep(args.beam, args.alpha, None)  # the final weights and the average of every kept epoch
-        chosen = max(beams, key=lambda row: row["bleu"])  # the first of equal scores, as best_decoding picks
-        best_final = max((row for row in beams if row["average_last"] == 1), key=lambda row: row["bleu"])
-        record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
-                            "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],
-                            "chosen_on": CHOSEN_ON}
-        test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"], keep="chosen")
-        record["test"] = {key: test[key] for key in ("bleu", "chrf", "bp", "ratio", "bleu_signature")}
-        # The rows on decoding, on the test split too: greedy, and beam search without the averaged weights.
-        record["test_greedy_final"] = decode("test", 1, 1, 0.0, keep="greedy_final")["bleu"]
-        if chosen is best_final:
-            record["test_beam_final"] = test["bleu"]
-            hypotheses["beam_final"] = hypotheses["chosen"]
-        else:
-            record["test_beam_final"] = decode("test", 1, best_final["beam_size"], best_final["alpha"],
-                                               keep="beam_final")["bleu"]
-        record["decodes"] = decodes
-        record["test_hypotheses"] = hypotheses  # test2016's 1,000 sentences per decoding, in the split's order
-        record["wall_minutes"] = (time.perf_counter() - started) / 60
+        summary = tl.train_translator(
+            run_dir / "run", preset=args.preset, overrides=overrides, seed=args.seed, epochs=args.epochs,
+            train_limit=args.train_limit, progress=False, on_record=on_record, resume=resumed, overwrite=not resumed)
+    except DivergedError as error:  # a variant that fails to train is a result, not a crash
+        record.update(diverged=True, error=str(error), curve=curve, steps=None, minutes=None,
+                      wall_minutes=wall_minutes(), resumed=progress["resumed"])
         write_checked_json(record_path(out, args.variant, args.seed), record, indent=1)
-        return record
-    finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+        return record
+    curve = summary["validation"]  # every epoch's record, those of the run's earlier parts too
+    record.update(steps=summary["steps"], epochs=summary["epochs"], curve=curve, load_average=progress["load_average"],
+                  resumed=progress["resumed"],
+                  minutes=curve[-1]["minutes"] if curve else None,  # training only, as the scoreboard counts
+                  final_valid_loss=curve[-1]["valid_loss"] if curve else None)
+    run = read_run_record(run_dir / "run" / "checkpoint.pt")["run"]  # Multi30k de-en, as the runs train
+    splits = {split: split_decoding.split_pairs(run, split) for split in ("validation", "test")}
+    decodes, loaded, hypotheses = [], {}, {}
+
+    def row_of(split: str, average_last: int, beam: int, alpha: float, scores: dict) -> dict:
+        row = {"split": split, "average_last": average_last, "beam_size": beam, "alpha": alpha,
+               "bleu": scores["bleu"], "chrf": scores["chrf"], "bp": scores["bp"], "ratio": scores["ratio"],
+               "bleu_signature": scores["bleu_signature"]}
+        decodes.append(row)
+        return row
+
+    def sweep(beam: int, alphas: list[float], average_lasts: list[int] | None) -> list[dict]:
+        rows = split_decoding.sweep(run_dir / "run", splits["validation"], beam_size=beam, alphas=alphas,
+                                    average_lasts=average_lasts, max_len=args.max_len, progress=False,
+                                    print_rows=False)
+        return [row_of("validation", r["average_last"], beam, r["alpha"], r["scores"]) for r in rows]
+
+    def decode(split: str, average_last: int, beam: int, alpha: float, keep: str | None = None) -> dict:
+        if average_last not in loaded:
+            loaded[average_last] = translation.load_translator(run_dir / "run", average_last=average_last)
+        model, tokenizer = loaded[average_last]
+        sources, references = zip(*splits[split])
+        hypotheses_of, scores = split_decoding.decode_and_score(model, tokenizer, sources, references,
+                                                                beam_size=beam, alpha=alpha, max_len=args.max_len,
+                                                                progress=False)
+        if keep is not None:  # the sentences themselves, for bootstrap intervals and paired tests later
+            hypotheses[keep] = hypotheses_of
+        return row_of(split, average_last, beam, alpha, scores)
+
+    greedy = sweep(1, [0.0], [1])[0]
+    record["valid_bleu_greedy"] = greedy["bleu"]
+    beams = sweep(args.beam, args.alpha, None)  # the final weights and the average of every kept epoch
+    chosen = max(beams, key=lambda row: row["bleu"])  # the first of equal scores, as best_decoding picks
+    best_final = max((row for row in beams if row["average_last"] == 1), key=lambda row: row["bleu"])
+    record["chosen"] = {"beam_size": chosen["beam_size"], "alpha": chosen["alpha"],
+                        "average_last": chosen["average_last"], "valid_bleu": chosen["bleu"],
+                        "chosen_on": CHOSEN_ON}
+    test = decode("test", chosen["average_last"], chosen["beam_size"], chosen["alpha"], keep="chosen")
+    record["test"] = {key: test[key] for key in ("bleu", "chrf", "bp", "ratio", "bleu_signature")}
+    # The rows on decoding, on the test split too: greedy, and beam search without the averaged weights.
+    record["test_greedy_final"] = decode("test", 1, 1, 0.0, keep="greedy_final")["bleu"]
+    if chosen is best_final:
+        record["test_beam_final"] = test["bleu"]
+        hypotheses["beam_final"] = hypotheses["chosen"]
+    else:
+        record["test_beam_final"] = decode("test", 1, best_final["beam_size"], best_final["alpha"],
+                                           keep="beam_final")["bleu"]
+    record["decodes"] = decodes
+    record["test_hypotheses"] = hypotheses  # test2016's 1,000 sentences per decoding, in the split's order
+    record["wall_minutes"] = wall_minutes()
+    write_checked_json(record_path(out, args.variant, args.seed), record, indent=1)
+    shutil.rmtree(run_dir, ignore_errors=True)  # only now: until the record exists, the run can resume
+    return record
 
 
 def sweep_of_arguments(args: argparse.Namespace) -> dict:
@@ -210,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=_minutes_argument, help="start no run after this many minutes")
     parser.add_argument("--overwrite", action="store_true", help="run again the runs that have a record")
     parser.add_argument("--work", type=_folder_argument,
-                        help="an existing folder for the runs' temporary folders (default: the system's)")
+                        help="an existing folder for the runs' folders, each kept until its record is written so "
+                             "that a stopped run resumes (default: transformer_lib_ablations in the system's "
+                             "temporary folder)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one run, in a process of its own
     parser.add_argument("--seed", type=non_negative_int, help=argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -301,7 +338,9 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[
         while todo and len(running) < args.jobs and not (
                 args.stop_after is not None and (time.perf_counter() - started) / 60 > args.stop_after):
             variant, seed = todo.pop(0)
-            log = open_log(log_path(args.out, variant, seed))
+            folder = run_folder(argparse.Namespace(**{**vars(args), "variant": variant, "seed": seed}))
+            resuming = not args.overwrite and (folder / "run" / "checkpoint.pt").exists()
+            log = open_log(log_path(args.out, variant, seed), append=resuming)
             command = [sys.executable, __file__, *passed, "--variant", variant, "--seed", str(seed)]
             running.append((variant, seed, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                                  env=env)))

@@ -5,6 +5,7 @@ NotImplementedError) is not attempted yet, without raising, and explains a crash
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +108,7 @@ def attention_additive_bias(q, k, v, mask=None, bias=None):  # one finite float 
     return weights @ v, weights
 
 
-def attention_masked_after_softmax(q, k, v, mask=None, bias=None):  # a softmax over all keys, then masked, renormalised
+def attention_masked_after_softmax(q, k, v, mask=None, bias=None):  # softmax over all keys, masked, renormalised: wrong
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
     if mask is not None:
@@ -116,7 +117,7 @@ def attention_masked_after_softmax(q, k, v, mask=None, bias=None):  # a softmax 
     return weights @ v, weights
 
 
-def attention_bias_as_factor(q, k, v, mask=None, bias=None):  # softmax(s + b) is softmax(s) times e^b, renormalised
+def attention_bias_as_factor(q, k, v, mask=None, bias=None):  # softmax(s) times e^b, masked, renormalised: wrong too
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
     if bias is not None:
         weights = weights * (bias - bias.amax(dim=-1, keepdim=True)).exp()  # e^(b - max b) <= 1: no overflow
@@ -409,6 +410,13 @@ def smoothed_loss(logits, labels, pad_id, eps):
     return per_token[labels != pad_id].mean()
 
 
+def smoothed_loss_with_nll_loss(logits, labels, pad_id, eps):  # F.nll_loss for the label's term: no cross_entropy
+    log_p = F.log_softmax(logits, dim=-1).flatten(0, 1)  # (B*T, V)
+    real = (labels != pad_id).flatten()
+    nll = F.nll_loss(log_p[real], labels.flatten()[real], reduction="none")
+    return ((1 - eps) * nll - eps * log_p[real].mean(dim=-1)).mean()
+
+
 def smoothed_loss_with_targets(logits, labels, pad_id, eps, spread=None, dim=-1, positions="real", reduce="mean"):
     vocab = logits.size(-1)
     log_p = torch.log_softmax(logits, dim=dim)
@@ -500,13 +508,13 @@ CORRECT = {
     "grade_bpe_segment": [bpe_segment, bpe_segment_by_rank],
     "grade_embedding_inverse": [ids_from_embeddings, ids_from_embeddings_by_expansion],
     "grade_shift_encoding": [shift_encoding, shift_encoding_as_complex],
-    "grade_attention": [attention, attention_additive_bias, attention_masked_after_softmax, attention_bias_as_factor],
+    "grade_attention": [attention, attention_additive_bias],
     "grade_packed_mask": [packed_mask, packed_mask_by_comparison],
     "grade_head_outputs": [head_outputs, head_outputs_by_zeroing_heads],
     "grade_blockwise_attention": [blockwise, blockwise_two_passes, blockwise_log_sum_exp,
                                   blockwise_in_place_without_grad],
     "grade_parameter_count": [parameter_count, parameter_count_by_parts],
-    "grade_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets],
+    "grade_label_smoothed_loss": [smoothed_loss, smoothed_loss_with_targets, smoothed_loss_with_nll_loss],
     "grade_average_checkpoints": [average_checkpoints, average_checkpoints_by_sum],
     "grade_attention_rollout": [attention_rollout, attention_rollout_from_the_last_layer],
     "grade_rms_norm": [rms_norm, rms_norm_by_norm],
@@ -568,6 +576,16 @@ def shift_by_matrix(pe, k):  # the chapter's block-diagonal M_k
     return pe @ torch.block_diag(*blocks).T
 
 
+def shift_by_flat_matrix(pe, k):  # M_k as d_model^2 numbers in a row; each vector repeated d_model times against it
+    d = pe.size(-1)
+    angle, i = k * _frequencies(d), torch.arange(d // 2)
+    flat = torch.zeros(d * d)  # row r of M_k at r * d ... r * d + d - 1
+    flat[2 * i * d + 2 * i], flat[2 * i * d + 2 * i + 1] = angle.cos(), angle.sin()
+    flat[(2 * i + 1) * d + 2 * i], flat[(2 * i + 1) * d + 2 * i + 1] = -angle.sin(), angle.cos()
+    products = pe.repeat(*[1] * (pe.dim() - 1), d) * flat  # (..., d * d)
+    return products.unflatten(-1, (d, d)).sum(-1)
+
+
 def attention_without_normalising(q, k, v, mask=None, bias=None):
     weights = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).exp()  # forgot to divide by the row sums
     return weights @ v, weights
@@ -592,7 +610,7 @@ MUTANTS = {
         ("a tuple", lambda word, merges: tuple(bpe_segment(word, merges)),
          r"expected list \[.*\], got tuple"),
         ("characters only", lambda word, merges: [*word, "</w>"],
-         r"case 1 of 7 \(a word of the corpus; .*\): expected \['newest</w>'\], got \['n', 'e', 'w'"),
+         r"case 1 of 8 \(a word of the corpus; .*\): expected \['newest</w>'\], got \['n', 'e', 'w'"),
     ],
     "grade_embedding_inverse": [
         ("largest dot product", lambda vectors, weight: torch.argmax(vectors @ weight.T, dim=-1),
@@ -623,7 +641,10 @@ MUTANTS = {
         ("angle moved, length forgotten", shift_angle_only,
          r"Likely cause: .*every \(sin, cos\) pair of your result has length 1"),
         ("the d_model x d_model matrix", shift_by_matrix,
-         r"the cost check \(pe: shape \(3, 5, 16\), k=7\): your function made a tensor of shape \(16, 16\)"),
+         r"the cost check \(pe: shape \(3, 5, 128\), k=7\): your function made a tensor of shape \(128, 128\)"),
+        ("M_k flattened, its products with every vector", shift_by_flat_matrix,
+         r"the cost check \(pe: shape \(3, 5, 128\), k=7\): your function made a tensor of shape \(3, 5, 16384\), "
+         r"245760 values, d_model = 128 products for each of the 1920 numbers of pe"),
         ("k ignored", lambda pe, k: pe.clone(),
          r"case 1 of 6 \(the rows of positions 0 to 9, one step on; pe: shape \(10, 8\), k=1\): \d+ of 80 values "
          r"differ"),
@@ -645,8 +666,8 @@ MUTANTS = {
         ("masked scores set to 0", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, fill=0.0),
          r"Likely cause: the masked scores are set to 0"),
         ("masked scores set to -5", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias, fill=-5.0),
-         r"a causal mask over 4 heads.*\nLikely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, "
-         r"which the mask forbids"),
+         r"a padded key that scores 200.*\nLikely cause: query position \d+ gives weight [\d.e-]+ to key "
+         r"position \d+, which the mask forbids"),
         ("returns (weights, output)", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias)[::-1],
          r"Likely cause: the pair is in the wrong order"),
         ("returns the output only", lambda q, k, v, mask=None, bias=None: attention(q, k, v, mask, bias)[0],
@@ -667,6 +688,11 @@ MUTANTS = {
         ("a 0/1 mask added to the scores", lambda q, k, v, mask=None, bias=None: attention(q, k, v, bias=bias)
          if mask is None else _added_mask(q, k, v, mask),
          r"Likely cause: query position \d+ gives weight [\d.e-]+ to key position \d+, which the mask forbids"),
+        ("a softmax over every key, then masked and renormalised", attention_masked_after_softmax,
+         r"case 6 of 15 \(a padded key that scores 200.*\): item 0 \(output\)(?:.*\n)+Likely cause: the softmax ran "
+         r"over every key before the mask"),
+        ("the bias as a factor e^b after a softmax over every key", attention_bias_as_factor,
+         r"Likely cause: the softmax ran over every key before the mask"),
         ("a softmax without its maximum subtracted", attention_exp_without_max,
          r"scores of a few hundred.*\): item 0 \(output\): your result contains NaN.*\nLikely cause: the softmax "
          r"takes exp of the raw scores.*subtract each row's maximum before exp"),
@@ -867,6 +893,98 @@ MUTANTS = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The answers that the round-5 reviews showed accepted (shared/reviews/round5: pedagogy_1_5.md L1-L4 and
+# pedagogy_6_9.md section 4), written as the reviews wrote them: two wrong in value, five that break the exercise's
+# own rule. Each must now be refused with one line that names what is wrong.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def loophole_bpe_right_to_left(word, merges):  # L1: each merge applied scanning from the right end
+    symbols = list(word) + ["</w>"]
+    for left, right in merges:
+        i = len(symbols) - 2
+        while i >= 0:
+            if symbols[i] == left and symbols[i + 1] == right:
+                symbols[i : i + 2] = [left + right]
+            i -= 1
+    return symbols
+
+
+def loophole_softmax_then_renormalise(q, k, v, mask=None, bias=None):  # L2: no mask term, so no -inf anywhere
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask  # masked keys -> 0
+        total = weights.sum(-1, keepdim=True)
+        weights = torch.where(total > 0, weights / total.clamp_min(1e-30), torch.zeros_like(weights))
+    return weights @ v, weights
+
+
+def loophole_every_block_at_once(q, k, v, block_size):  # L3: no loop, no running m, l, o; all blocks' scores
+    t_k = k.size(-2)
+    pad = (-t_k) % block_size
+    n = (t_k + pad) // block_size
+    k_blocks = F.pad(k, (0, 0, 0, pad)).unflatten(-2, (n, block_size))  # (B, h, n, blk, d_k)
+    v_blocks = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (n, block_size))
+    real = (torch.arange(n * block_size) < t_k).view(n, 1, block_size)
+    s = torch.einsum("bhqd,bhnkd->bhnqk", q, k_blocks) / math.sqrt(q.size(-1))  # (B, h, n, T_q, blk): every score
+    s = s.masked_fill(~real, float("-inf"))
+    m = s.amax(dim=(2, 4), keepdim=True)
+    p = torch.exp(s - m)
+    total = p.sum(dim=(2, 4))[..., None]
+    return torch.einsum("bhnqk,bhnkd->bhqd", p, v_blocks) / total
+
+
+def loophole_dense_shift_matrix(pe, k):  # L4: M_k stored as (d, 1, d), d^2 products per vector
+    d = pe.size(-1)
+    omega = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64) / d)
+    c, s = torch.cos(k * omega), torch.sin(k * omega)
+    matrix = torch.zeros(d, 1, d, dtype=torch.float64)
+    i = torch.arange(d // 2)
+    matrix[2 * i, 0, 2 * i], matrix[2 * i, 0, 2 * i + 1] = c, s
+    matrix[2 * i + 1, 0, 2 * i], matrix[2 * i + 1, 0, 2 * i + 1] = -s, c
+    return (pe.double()[..., None, None, :] * matrix).sum(-1).squeeze(-1).to(pe.dtype)
+
+
+def loophole_count_the_built_model(cfg):  # L5: "without building the model"
+    return tl.count_parameters(tl.Transformer(cfg))
+
+
+def loophole_pytorch_cross_entropy(logits, labels, pad_id, eps):  # L6: "without calling cross_entropy"
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=pad_id, label_smoothing=eps)
+
+
+def loophole_library_average(state_dicts):  # L7: the chapter folds the library's own function
+    return tl.average_checkpoints(state_dicts)
+
+
+LOOPHOLES = [  # (check, the answer, what the one line that refuses it must say)
+    ("grade_bpe_segment", loophole_bpe_right_to_left,
+     r"Likely cause: each merge is applied from the right end of the word; apply it from left to right"),
+    ("grade_attention", loophole_softmax_then_renormalise,
+     r"Likely cause: the softmax ran over every key before the mask\. Here a masked key outscores every allowed key "
+     r"by \d+, so the allowed keys' weights, exp\(score - the row's maximum\), underflow to 0 in float32"),
+    ("grade_blockwise_attention", loophole_every_block_at_once,
+     r"the blocks check .*: your function made a tensor of shape \(1, 2, 3, 5, 4\), 120 scores or weights, more "
+     r"than one block of them holds, B \* h \* T_q \* block_size = 40: the scores of every block at once"),
+    ("grade_shift_encoding", loophole_dense_shift_matrix,
+     r"the cost check \(pe: shape \(3, 5, 128\), k=7\): your function made a tensor of shape \(128, 1, 128\), a "
+     r"d_model x d_model matrix such as M_k \(in whatever layout\)"),
+    ("grade_parameter_count", loophole_count_the_built_model,
+     r"the rule check: your function built the model, Transformer\(cfg\), to count parameters; the exercise is to "
+     r"compute the count from cfg alone, without building the model"),
+    ("grade_label_smoothed_loss", loophole_pytorch_cross_entropy,
+     r"the rule check: your function called torch\.nn\.functional\.cross_entropy \(F\.cross_entropy\); the exercise "
+     r"is to write the smoothed loss without calling cross_entropy"),
+    ("grade_average_checkpoints", loophole_library_average,
+     r"the rule check: your function called the library's average_checkpoints \(tl\.average_checkpoints\); the "
+     r"exercise is to write the average yourself"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The tests.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -1011,3 +1129,80 @@ def test_blockwise_attention_accepts_a_correct_answer_on_many_seeds(capsys):
     for seed in [1515966914, *range(400)]:
         grading.grade_blockwise_attention(blockwise, seed=seed)
         assert capsys.readouterr().out.startswith("Well done")
+
+
+@pytest.mark.parametrize("check_name, answer, phrase", LOOPHOLES, ids=[a.__name__ for _, a, _ in LOOPHOLES])
+def test_the_answers_the_reviews_showed_accepted_are_refused_in_one_line(check_name, answer, phrase):
+    profiler = sys.getprofile()
+    for seed in range(10):
+        with pytest.raises(ExerciseGradeError) as error:
+            getattr(grading, check_name)(answer, seed=seed)
+        message = str(error.value)
+        assert any(re.search(phrase, line) for line in message.splitlines()), f"seed {seed}:\n{message}"
+        assert f"{check_name}({answer.__name__}, seed={seed})" in message
+    assert sys.getprofile() is profiler, "a rule check left its call watcher behind"
+
+
+def test_the_bpe_case_of_a_run_tells_the_two_directions_apart():
+    """The fixed case of L1, by hand: "aaab" with (a, a) then (aa, b)."""
+    merges = [("a", "a"), ("aa", "b")]
+    assert bpe_segment("aaab", merges) == ["aa", "a", "b", "</w>"]
+    assert loophole_bpe_right_to_left("aaab", merges) == ["a", "aab", "</w>"]
+
+
+def test_the_case_of_a_padded_winner_gives_the_allowed_key_its_weight():
+    """The fixed case of L2, by hand: one query that may see key 0 only, while the masked key 1 scores 127 higher.
+    The reference gives key 0 weight 1; the softmax taken before the mask gives it exp(-127), 0 in float32."""
+    q, v = torch.tensor([[[1.0, 0.0]]]), torch.eye(2)[None]  # (1, 1, 2), (1, 2, 2)
+    k = torch.tensor([[[0.0, 0.0], [127.0 * math.sqrt(2), 0.0]]])  # scores 0 and 127 once divided by sqrt(d_k)
+    mask = torch.tensor([[[True, False]]])  # (1, 1, T_k): one dimension per score dimension
+    assert tl.scaled_dot_product_attention(q, k, v, mask)[1].tolist() == [[[1.0, 0.0]]]
+    assert loophole_softmax_then_renormalise(q, k, v, mask)[1].tolist() == [[[0.0, 0.0]]]
+
+
+def test_a_rule_check_sees_a_forbidden_function_however_it_is_reached():
+    """The rule checks watch the function's code, not a name: an alias imported before, the same function defined
+    again (as chapter 8's `#| export` cell defines it in the notebook), a subclass, a module of the library that
+    calls it, a piece of the model."""
+    import inspect
+
+    from transformer_lib import translation
+    from transformer_lib.translation import average_checkpoints as library_average
+
+    notebook = dict(vars(translation))  # the chapter's cell run again, in a namespace of its own
+    exec(compile(inspect.getsource(translation.average_checkpoints), "<chapter 8, cell>", "exec"), notebook)
+    assert notebook["average_checkpoints"].__code__ is not translation.average_checkpoints.__code__
+
+    class MyTransformer(tl.Transformer):
+        pass
+
+    def my_average(state_dicts):
+        return library_average(state_dicts)
+
+    def my_average_from_the_notebook(state_dicts):
+        return notebook["average_checkpoints"](state_dicts)
+
+    def my_count(cfg):
+        return tl.count_parameters(MyTransformer(cfg))
+
+    def my_count_by_layers(cfg):
+        tl.count_parameters(tl.MultiHeadAttention(cfg.d_model, cfg.n_heads))
+        return parameter_count(cfg)
+
+    def my_loss_module(logits, labels, pad_id, eps):
+        loss = torch.nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=eps)
+        return loss(logits.flatten(0, 1), labels.flatten())
+
+    def my_loss_from_the_library(logits, labels, pad_id, eps):
+        return tl.translation_loss(logits, labels, pad_id, eps)
+
+    for check, answer, phrase in [
+        (grading.grade_average_checkpoints, my_average, r"called the library's average_checkpoints"),
+        (grading.grade_average_checkpoints, my_average_from_the_notebook, r"called the library's average_checkpoints"),
+        (grading.grade_parameter_count, my_count, r"built the model, Transformer\(cfg\),"),
+        (grading.grade_parameter_count, my_count_by_layers, r"built a module, MultiHeadAttention,"),
+        (grading.grade_label_smoothed_loss, my_loss_module, r"called nn\.CrossEntropyLoss, which calls"),
+        (grading.grade_label_smoothed_loss, my_loss_from_the_library, r"called tl\.translation_loss, which calls"),
+    ]:
+        with pytest.raises(ExerciseGradeError, match=rf"{answer.__name__}, the rule check: your function {phrase}"):
+            check(answer, seed=0)

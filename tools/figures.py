@@ -32,6 +32,7 @@ import hashlib
 import inspect
 import io
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing the package
@@ -258,6 +259,90 @@ def text_to_tensors() -> plt.Figure:
     return fig
 
 
+# ---- chapter 2 ----
+def _turn_arc(ax, cx: float, cy: float, radius: float, start: float, end: float, color: str, lw: float = 1.3,
+              head: bool = True) -> None:
+    """An arc of the circle of the given radius around (cx, cy), from angle start to angle end (radians,
+    counterclockwise), with an arrowhead at its end unless head is False."""
+    points = [(cx + radius * math.cos(a), cy + radius * math.sin(a)) for a in (start, end)]
+    bend = math.tan((end - start) / 4)  # arc3's rad that makes the curve a circular arc: sagitta over half the chord
+    arrow(ax, points[0], points[1], color=color, lw=lw, rad=bend, style="-|>" if head else "-", shrink=0.0)
+
+
+@figure("rotation.svg", deps=(tl.sinusoidal_encoding,))
+def rotation() -> plt.Figure:
+    """Chapter 2's rotation. Pair i of PE_pos, drawn as the point (cos, sin) of the angle pos * omega_i, goes round a
+    circle: moving k positions on turns it by k * omega_i, wherever it starts. Two positions turned together keep the
+    angle between them, so their dot product depends on p - q only. Every point is read from tl.sinusoidal_encoding."""
+    d_model = 16
+    pe = tl.sinusoidal_encoding(12, d_model)  # (12, 16)
+    omega = [10000 ** (-2 * i / d_model) for i in range(d_model // 2)]  # the pairs' angular frequencies
+    gram = pe @ pe.T  # (12, 12): gram[p, q] = PE_p . PE_q
+    assert abs(float(gram[1, 3] - gram[4, 6])) < 1e-5  # the claim of part 2
+    size = MIN_TEXT_PT
+    radius = 0.8
+    width, height = 5.2, 6.55
+    fig, ax = canvas(width, height)
+
+    def point(cx: float, cy: float, pos: int, pair: int, scale: float = 1.0) -> tuple[float, float]:
+        """Where pair `pair` of PE_pos lies on the circle around (cx, cy): cos across, sin up."""
+        return cx + scale * radius * float(pe[pos, 2 * pair + 1]), cy + scale * radius * float(pe[pos, 2 * pair])
+
+    def circle(cx: float, cy: float, cos_below: bool = True) -> None:
+        """The unit circle of one pair, with its axes: cos across, sin up (labelled left of the axis's top)."""
+        ax.add_patch(Circle((cx, cy), radius, facecolor="none", edgecolor=EDGE, linewidth=1.0))
+        ax.plot([cx - radius - 0.12, cx + radius + 0.12], [cy, cy], color=EDGE, lw=0.8)
+        ax.plot([cx, cx], [cy - radius - 0.12, cy + radius + 0.12], color=EDGE, lw=0.8)
+        text(ax, cx + radius + 0.1, cy + (-0.15 if cos_below else 0.15), "cos", size=size, color=MUTED, ha="left")
+        text(ax, cx - 0.08, cy + radius + 0.1, "sin", size=size, color=MUTED, ha="right")
+
+    def mid_label(cx: float, cy: float, a: float, b: float, scale: float, label: str, colour: str) -> None:
+        mid = (a + b) / 2
+        text(ax, cx + scale * radius * math.cos(mid), cy + scale * radius * math.sin(mid), label, size=size,
+             color=colour, weight="bold")
+
+    # part 1: one position on turns pair i by omega_i; k positions on by k * omega_i, from any starting position
+    text(ax, 0.22, height - 0.3, "1  k positions on: every pair turns by kω", weight="bold", ha="left", color=BLUE)
+    cy = height - 1.62
+    for pair, cx in ((0, 1.32), (1, 3.88)):
+        circle(cx, cy)
+        for start, colour in ((0, GREEN), (3, ORANGE)):  # two shifts by k = 2, from position 0 and from 3
+            a, b = start * omega[pair], (start + 2) * omega[pair]
+            _turn_arc(ax, cx, cy, 0.62 * radius, a, b, colour)
+            mid_label(cx, cy, a, b, 0.42, "2ω", colour)
+        for pos in range(6):
+            x, y = point(cx, cy, pos, pair)
+            ax.plot([x], [y], "o", color=BLUE, markersize=5)
+            text(ax, *point(cx, cy, pos, pair, 1.2), str(pos), size=size, weight="bold")
+        text(ax, cx, cy - radius - 0.35, f"pair {pair}: dimensions {2 * pair} and {2 * pair + 1}", size=size)
+        text(ax, cx, cy - radius - 0.58, f"ω = {omega[pair]:.3g} rad per position", size=size, color=MUTED)
+    text(ax, 0.22, cy - radius - 0.8, "Positions 0 to 5 of PE (d_model = 16). From 0 to 2 and from 3 to 5\n"
+         "the turn is the same, 2ω: the rotation R(kω) does not depend on pos.", size=size, color=MUTED,
+         ha="left", va="top")
+
+    # part 2: two positions turned together keep the angle between them, so the dot product keeps its value
+    p2 = cy - radius - 1.45  # the top of part 2
+    ax.plot([0.22, width - 0.22], [p2 + 0.12, p2 + 0.12], color=EDGE, lw=1.0)
+    text(ax, 0.22, p2 - 0.2, "2  turned together, two positions keep their angle", weight="bold", ha="left",
+         color=GREEN)
+    cx, cy, pair, k = 1.32, p2 - 1.45, 0, 3
+    circle(cx, cy, cos_below=False)
+    for (p, q), colour in (((1, 3), BLUE), ((1 + k, 3 + k), ORANGE)):
+        for pos in (p, q):
+            arrow(ax, (cx, cy), point(cx, cy, pos, pair), color=colour, lw=1.5, shrink=0.0)
+            text(ax, *point(cx, cy, pos, pair, 1.2), str(pos), size=size, weight="bold", color=colour)
+        _turn_arc(ax, cx, cy, 0.3 * radius, p * omega[pair], q * omega[pair], colour, lw=1.1, head=False)
+        mid_label(cx, cy, p * omega[pair], q * omega[pair], 0.5, "2ω", colour)
+    lines = [("pair 0 at positions 1 and 3,", BLUE), (f"then both moved on by {k}:", ORANGE),
+             (f"each turns by {k}ω, and the angle", INK), ("between them stays 2ω.", INK),
+             ("The dot product adds cos((p − q)ω)", INK), ("over the pairs: p − q alone counts.", INK),
+             (f"PE₁ · PE₃ = {gram[1, 3]:.3f}", BLUE), (f"PE₄ · PE₆ = {gram[4, 6]:.3f}", ORANGE)]
+    for row, (line, colour) in enumerate(lines):
+        text(ax, 2.48, cy + 0.8 - row * 0.23, line, size=size, color=colour, ha="left",
+             weight="bold" if row >= 6 else "normal")
+    return fig
+
+
 # ---- chapter 3 ----
 @figure("attention_row.svg", deps=())
 def attention_row() -> plt.Figure:
@@ -345,6 +430,97 @@ def attention_row() -> plt.Figure:
          color=MUTED, ha="left")
     text(ax, 0.22, oy - 0.42, "The weights are positive and sum to 1; the output is a blend\nof the values, pulled "
          "towards the best-matching key.", size=size, color=MUTED, ha="left")
+    return fig
+
+
+@figure("attention_pipeline.svg", deps=(tl.scaled_dot_product_attention,))
+def attention_pipeline() -> plt.Figure:
+    """Chapter 3's function as a pipeline, top to bottom: Q, K, V -> scores Q K^T -> divided by sqrt(d_k) -> masked
+    -> softmax over the keys -> weights @ V, each step with its code, its shape and the numbers of one small example
+    (the last key is padding), computed here and checked against tl.scaled_dot_product_attention."""
+    T_q, T_k, d_k, d_v = 3, 4, 8, 5  # the sizes of the chapter's first example, without the batch
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(n, d, generator=generator) for n, d in ((T_q, d_k), (T_k, d_k), (T_k, d_v)))
+    mask = torch.tensor([[True, True, True, False]])  # (1, T_k): the last key is padding
+    raw = q @ k.T  # (T_q, d_k) @ (d_k, T_k) -> (T_q, T_k)
+    scaled = raw / math.sqrt(d_k)  # (T_q, T_k)
+    masked = scaled.masked_fill(~mask, float("-inf"))  # (T_q, T_k)
+    weights = torch.softmax(masked, dim=-1)  # (T_q, T_k)
+    out = weights @ v  # (T_q, T_k) @ (T_k, d_v) -> (T_q, d_v)
+    library_out, library_weights = tl.scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(library_out, out)  # the drawing is what the library computes
+    torch.testing.assert_close(library_weights, weights)
+
+    size = MIN_TEXT_PT
+    s = 0.13  # a cell of the Q, K and V grids
+    cw, ch, gap = 0.44, 0.25, 0.36  # a number cell's width and height; the space between two steps
+    mx, tx = 0.62, 2.6  # the left edge of the step matrices; the left edge of the step texts
+    head = 0.45 + 4 * s + 0.95  # from the top edge to the first step's matrix: the inputs and the arrows
+    width, height = 5.2, head + 5 * 3 * ch + 4 * gap + 0.95
+    fig, ax = canvas(width, height)
+    scale = float(torch.cat([q.flatten(), k.flatten(), v.flatten(), out.flatten()]).abs().max())
+
+    def grid(x: float, top: float, values: torch.Tensor, cell_w: float = s, cell_h: float = s) -> None:
+        """A tensor as a grid of cells, blue > 0 and orange < 0, deeper for a larger |value|."""
+        for r in range(values.size(0)):
+            for c in range(values.size(1)):
+                level = float(values[r, c]) / scale
+                rgb = matplotlib.colors.to_rgb(BLUE if level >= 0 else ORANGE)
+                ax.add_patch(Rectangle((x + c * cell_w, top - (r + 1) * cell_h), cell_w, cell_h, edgecolor=EDGE,
+                                       linewidth=0.4, facecolor=tuple(1 - abs(level) * (1 - part) for part in rgb)))
+
+    # the inputs, and Q and K into step 1
+    top = height - 0.45
+    for name, x, values, shape in (("Q", mx, q, "(B, T_q, d_k)"), ("K", 1.95, k, "(B, T_k, d_k)"),
+                                   ("V", 3.55, v, "(B, T_k, d_v)")):
+        text(ax, x + values.size(1) * s / 2, top + 0.17, name, weight="bold")
+        grid(x, top, values)
+        text(ax, x + values.size(1) * s / 2, top - 4 * s - 0.17, shape, size=size)
+    text(ax, 3.55 + d_v * s / 2, top - 4 * s - 0.4, "(used in step 5)", size=size, color=MUTED)
+    y = height - head  # the top of the current step's matrix
+    arrow(ax, (mx + 4 * s, top - 4 * s - 0.32), (mx + 2 * cw - 0.2, y + 0.24))
+    arrow(ax, (1.95 + 4 * s, top - 4 * s - 0.32), (mx + 2 * cw + 0.2, y + 0.24))
+    for j in range(T_k):
+        text(ax, mx + (j + 0.5) * cw, y + 0.1, f"k{j + 1}", size=size, color=MUTED)
+
+    def signed(x: float, digits: int) -> str:
+        return f"{x:.{digits}f}".replace("-", "−")  # a minus sign, not a hyphen
+
+    steps = [("1  scores Q Kᵀ", ["q @ k.transpose(-2, -1)", "(B, T_q, d_k) @ (B, d_k, T_k)", "→ (B, T_q, T_k)"],
+              [[signed(x, 1) for x in row] for row in raw.tolist()]),
+             ("2  divide by √d_k", [f"/ math.sqrt(d_k), here √{d_k}:", "scores of variance about 1",
+                                    "(B, T_q, T_k)"], [[signed(x, 2) for x in row] for row in scaled.tolist()]),
+             ("3  mask: −∞ where False", ["masked_fill(~mask, -inf)", "mask (B, 1, T_k) broadcasts;",
+                                          "the last key is padding"],
+              [[signed(x, 2) if m else "−∞" for x, m in zip(row, mask[0].tolist())] for row in scaled.tolist()]),
+             ("4  softmax over the keys", ["softmax(scores, dim=-1)", "weights (B, T_q, T_k): rows",
+                                           "sum to 1, and −∞ gives 0"],
+              [[signed(x, 2) for x in row] for row in weights.tolist()]),
+             ("5  weights @ V", ["(B, T_q, T_k) @ (B, T_k, d_v)", "→ (B, T_q, d_v): each query's",
+                                 "blend of the values"], None)]
+    for number, (title, lines, cells) in enumerate(steps):
+        for i in range(T_q):
+            text(ax, mx - 0.08, y - (i + 0.5) * ch, f"q{i + 1}", size=size, color=MUTED, ha="right")
+        if cells is None:  # the output, coloured as the inputs are
+            grid(mx, y, out, cell_w=0.3, cell_h=ch)
+        for i, row in enumerate(cells or []):
+            for j, label in enumerate(row):
+                off = number >= 2 and not bool(mask[0, j])  # masked: -inf, then weight 0
+                fill, ink = (OFF, MUTED) if off else (LIGHT[PURPLE], INK)
+                if number == 3 and not off:  # the weights: deeper green for a larger weight
+                    w = float(weights[i, j])
+                    fill = tuple(1 - (0.15 + 0.85 * w) * (1 - part) for part in matplotlib.colors.to_rgb(GREEN))
+                    ink = PANEL if w > 0.6 else INK
+                cell(ax, mx + j * cw, y - (i + 1) * ch, cw, ch, fill, label, size=size, text_color=ink)
+        text(ax, tx, y - 0.04, title, weight="bold", ha="left", va="top")
+        for r, line in enumerate(lines):
+            text(ax, tx, y - 0.3 - r * 0.2, line, size=size, ha="left", va="top")
+        if number < len(steps) - 1:
+            arrow(ax, (mx + 2 * cw, y - 3 * ch - 0.02), (mx + 2 * cw, y - 3 * ch - gap + 0.02))
+            y -= 3 * ch + gap
+    text(ax, 0.22, y - 3 * ch - 0.25, "The function returns the output and the weights. Here T_q = 3\nqueries, "
+         "T_k = 4 keys, d_k = 8, d_v = 5; B stands for the batch and\nany dimension before it (the heads, chapter "
+         "5).", size=size, color=MUTED, ha="left", va="top")
     return fig
 
 

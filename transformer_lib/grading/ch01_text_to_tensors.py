@@ -122,7 +122,14 @@ def _segment(word: str, merges: list[tuple[str, str]], order: str = "learned", e
                 return list(symbols)
             symbols = _merge(symbols, hit)
     for pair in merges:
-        if every:
+        if order == "right to left":  # each merge applied scanning from the end of the word: "aaa" -> "a aa"
+            out, i = list(symbols), len(symbols) - 2
+            while i >= 0:
+                if (out[i], out[i + 1]) == pair:
+                    out[i : i + 2] = [pair[0] + pair[1]]
+                i -= 1
+            symbols = tuple(out)
+        elif every:
             symbols = _merge(symbols, pair)
         else:  # only the first occurrence of each pair
             for i in range(len(symbols) - 1):
@@ -151,6 +158,8 @@ def grade_bpe_segment(fn: Callable[..., list], seed: int | None = None) -> None:
         ("a single letter", {"word": "w", "merges": paper}),
         ("no merges at all", {"word": "lower", "merges": []}),
         ("merges learned from random words", {"word": random_word(3, 9), "merges": random_merges}),
+        ("a run of three equal letters: the merge (a, a) takes the first two",
+         {"word": "aaab", "merges": [("a", "a"), ("aa", "b")]}),
     ]
     hints = {
         "the merges are applied to the leftmost known pair first; apply them in the order they were learned, "
@@ -160,5 +169,8 @@ def grade_bpe_segment(fn: Callable[..., list], seed: int | None = None) -> None:
             lambda word, merges: _segment(word, merges, end=False),
         "each merge is applied only where its pair first occurs; apply it at every place in the word":
             lambda word, merges: _segment(word, merges, every=False),
+        "each merge is applied from the right end of the word; apply it from left to right, as the merge loop "
+        "does: (a, a) makes 'aa a' of 'aaa', not 'a aa'":
+            lambda word, merges: _segment(word, merges, order="right to left"),
     }
     _run("grade_bpe_segment", fn, lambda word, merges: _segment(word, merges), cases, seed, hints=hints)

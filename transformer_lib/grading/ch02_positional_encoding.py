@@ -2,6 +2,7 @@
 positions along with the rotation of every (sin, cos) pair, without knowing the positions and without building the
 d_model x d_model matrix M_k."""
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ def _rotate(pe: Tensor, k: int, exponent: float = 2.0, sign: float = -1.0, direc
 
 
 class _Shapes(TorchFunctionMode):
-    """Record the shapes of the floating-point tensors made during a call."""
+    """Record the shapes of the floating-point and complex tensors made during a call."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -39,15 +40,18 @@ class _Shapes(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         result = func(*args, **(kwargs or {}))
         for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, Tensor) and item.dtype.is_floating_point:
+            if isinstance(item, Tensor) and (item.dtype.is_floating_point or item.dtype.is_complex):
                 self.shapes.append(tuple(item.shape))
         return result
 
 
 def _refuse_full_matrix(fn: Callable[[Tensor, int], Tensor], seed: int) -> None:
-    """Refuse an answer that makes a (d_model, d_model) tensor, such as the block-diagonal M_k of the chapter."""
-    d_model, k = 16, 7
-    pe = paper(20, d_model)[torch.arange(15).view(3, 5)]  # (3, 5, 16): no size but the last is 16
+    """Refuse an answer that builds a d_model x d_model matrix, such as the block-diagonal M_k of the chapter, in any
+    layout that keeps its two axes ((d_model, d_model), (d_model, 1, d_model), ...), or that makes the d_model^2
+    products of one with every vector, in any layout (a tensor of numel(pe) * d_model values or more). A table of
+    encodings, (positions, d_model), is neither: an answer that reads the positions is left to the value checks."""
+    d_model, k = 128, 7
+    pe = paper(20, d_model)[torch.arange(15).view(3, 5)]  # (3, 5, 128): no size but the last is 128
     watch = _Shapes()
     try:
         with watch, warnings.catch_warnings():
@@ -57,15 +61,21 @@ def _refuse_full_matrix(fn: Callable[[Tensor, int], Tensor], seed: int) -> None:
         return
     except Exception:  # a crash is reported, with its input, by the value checks that follow
         return
-    square = [shape for shape in watch.shapes if len(shape) >= 2 and shape[-2:] == (d_model, d_model)]
-    if square:
+    for shape in watch.shapes:
+        if shape.count(d_model) >= 2:
+            what = "a d_model x d_model matrix such as M_k (in whatever layout)"
+        elif math.prod(shape) >= pe.numel() * d_model:
+            what = (f"{math.prod(shape)} values, d_model = {d_model} products for each of the {pe.numel()} numbers "
+                    f"of pe: a d_model x d_model matrix such as M_k times every vector")
+        else:
+            continue
         name = _name_of(fn)
         raise ExerciseGradeError(
             f"{name}, the cost check (pe: shape {tuple(pe.shape)}, k={k}): your function made a tensor of shape "
-            f"{square[0]}, a d_model x d_model matrix such as M_k. Its output may be right, but it costs "
-            f"d_model^2 multiplications per vector; the exercise is to turn each (sin, cos) pair with elementwise "
-            f"products, cos(k omega_i) and sin(k omega_i) times the sines and cosines, at a cost proportional to "
-            f"d_model.\n(To run these same inputs again: grade_shift_encoding({name}, seed={seed}).)")
+            f"{shape}, {what}. Its output may be right, but it costs d_model^2 multiplications per vector; the "
+            f"exercise is to turn each (sin, cos) pair with elementwise products, cos(k omega_i) and sin(k omega_i) "
+            f"times the sines and cosines, at a cost proportional to d_model.\n(To run these same inputs again: "
+            f"grade_shift_encoding({name}, seed={seed}).)")
 
 
 def grade_shift_encoding(fn: Callable[[Tensor, int], Tensor], seed: int | None = None) -> None:

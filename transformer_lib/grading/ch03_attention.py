@@ -73,12 +73,41 @@ def _unhandled_empty_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None =
     return weights @ v, weights  # (..., T_q, d_v)
 
 
+def _masked_key_leads(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
+    """Name a softmax taken over every key before the mask (then, as a rule, renormalised over the allowed keys): on
+    a row whose masked key outscores every allowed key by more than float32's exp can span, the allowed keys'
+    weights underflow to 0 and no renormalising brings them back."""
+    mask, weights = case.get("mask"), received[1]
+    if mask is None:
+        return None
+    scores = case["q"].double() @ case["k"].double().transpose(-2, -1) / math.sqrt(case["q"].size(-1))
+    if case.get("bias") is not None:
+        scores = scores + case["bias"].double()
+    shape = torch.broadcast_shapes(scores.shape, mask.shape)  # (..., T_q, T_k)
+    scores, allowed = scores.expand(shape), mask.expand(shape)
+    lead = scores.masked_fill(allowed, -math.inf).amax(-1) - scores.masked_fill(~allowed, -math.inf).amax(-1)
+    far = (lead > 87) & allowed.any(dim=-1)  # (..., T_q): an allowed key, and a masked key beyond exp(-87) ahead
+    got = weights.double()
+    vanished = torch.isnan(got).any(dim=-1) | (got.abs().amax(dim=-1) < 1e-6)  # (..., T_q): a row of 0 or NaN
+    rows = far & vanished  # where the reference's row sums to 1 (it has an allowed key)
+    if not rows.any():
+        return None
+    return (f"Likely cause: the softmax ran over every key before the mask. Here a masked key outscores every allowed "
+            f"key by {lead[rows].max().item():.0f}, so the allowed keys' weights, exp(score - the row's maximum), "
+            f"underflow to 0 in float32 (which holds nothing below about 1e-45 = exp(-103)), and no renormalising over "
+            f"the allowed keys brings them back (0 or NaN where the reference gives them weights that sum to 1). Mask "
+            f"the scores before the softmax.")
+
+
 def _attention_diagnosis(case: Mapping[str, Any], received: Any, expected: Any) -> str | None:
     if not (isinstance(received, tuple) and len(received) == 2 and all(isinstance(r, Tensor) for r in received)):
         return None
     output, weights = received
     if weights.shape != expected[1].shape or not weights.dtype.is_floating_point:
         return None
+    leads = _masked_key_leads(case, received, expected)
+    if leads is not None:
+        return leads
     q, k = case["q"].double(), case["k"].double()
     top = (q @ k.transpose(-2, -1)).max().item() / math.sqrt(q.size(-1))
     if top > 88 and not (torch.isfinite(output).all() and torch.isfinite(weights).all()):
@@ -153,6 +182,16 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
                 break
         return case
 
+    def masked_winner(batch: int, heads: int, t_q: int, t_k: int, d_k: int, lead: float = 200.0) -> dict:
+        """A padding mask that hides the last key, whose score for query 0 is lead: far more than float32's exp
+        spans, so a softmax over every key gives query 0's allowed keys weights of exactly 0 before any mask."""
+        q, k = randn(batch, heads, t_q, d_k), randn(batch, heads, t_k, d_k)
+        first = q[..., 0, :]  # (B, h, d_k): query 0
+        k[..., -1, :] = first * (lead * math.sqrt(d_k) / (first * first).sum(-1, keepdim=True))  # its score: lead
+        mask = torch.ones(batch, 1, 1, t_k, dtype=torch.bool)  # (B, 1, 1, T_k)
+        mask[..., -1] = False
+        return {"q": q, "k": k, "v": randn(batch, heads, t_k, d_k), "mask": mask}
+
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]  # (1, 1, 6, 6): key j <= query i
     padding = torch.rand(2, 1, 1, 7, generator=g) > 0.5  # (B, 1, 1, T_k): random padding-like mask
     padding[..., 0] = True  # every query keeps at least one key
@@ -170,6 +209,8 @@ def grade_attention(fn: Callable[..., tuple[Tensor, Tensor]], seed: int | None =
         ("a single query", {"q": randn(3, 1, 4), "k": randn(3, 6, 4), "v": randn(3, 6, 4)}),
         ("scores of a few hundred, beyond float32's exp (which overflows above about 88)",
          one_winner(2, 4, 6, 8, spread=15.0)),
+        ("a padded key that scores 200, far above every allowed key and beyond float32's exp: mask first",
+         masked_winner(2, 2, 4, 5, 8)),
         ("a causal mask over 4 heads",
          {"q": randn(2, 4, 6, 8), "k": randn(2, 4, 6, 8), "v": randn(2, 4, 6, 8), "mask": causal}),
         ("a padding mask, T_q != T_k",

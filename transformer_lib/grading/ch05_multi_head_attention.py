@@ -142,8 +142,9 @@ def _leaves(output: Tensor) -> list[Tensor]:
 
 
 def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
-    """Refuse an answer that holds the scores of all keys at once (e.g. one that calls full attention, or loops over
-    the queries instead of the keys) or computes outside PyTorch (e.g. in NumPy)."""
+    """Refuse an answer that holds the scores of all keys at once (e.g. one that calls full attention, loops over
+    the queries instead of the keys, or computes every block's scores in one tensor) or computes outside PyTorch
+    (e.g. in NumPy)."""
     batch, heads, t_q, t_k, d_k, block_size = 1, 2, 5, 12, 8, 4  # T_k = 12 is none of the other sizes
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, t, d_k, generator=g).requires_grad_() for t in (t_q, t_k, t_k))
@@ -180,6 +181,13 @@ def _refuse_full_scores(fn: Callable[..., Tensor], seed: int) -> None:
             f"{where}: your function made a tensor of shape {rows[0]}, scores or weights of all {t_k} keys at once "
             f"for some of the queries, with blocks of {block_size} keys: a loop over the queries does not help, "
             f"the loop must run over the keys. Its output may be right, but {loop}{again}")
+    block = batch * heads * t_q * block_size  # the most values one block of scores holds: 40 here
+    blocks = [shape for shape in watch.shapes if t_q in shape and d_k not in shape and math.prod(shape) > block]
+    if blocks:  # e.g. (B, h, n_blocks, T_q, block_size): every block's scores at once, in a layout without T_k
+        raise ExerciseGradeError(
+            f"{where}: your function made a tensor of shape {blocks[0]}, {math.prod(blocks[0])} scores or weights, "
+            f"more than one block of them holds, B * h * T_q * block_size = {block}: the scores of every block at "
+            f"once. Its output may be right, but {loop}{again}")
     history = isinstance(output, Tensor) and not watch.grad_off  # under torch.no_grad() there is none to follow
     if watch.exported or (history and not all(any(leaf is x for leaf in _leaves(output)) for x in (q, k, v))):
         how = (f"it turned a tensor of shape {watch.exported[0]} into a NumPy array or a list" if watch.exported

@@ -5,11 +5,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer_lib.model import Transformer, TransformerConfig, count_parameters
 
-from .engine import ExerciseGradeError, _generator, _name_of, _randint, _run
+from .engine import ExerciseGradeError, _generator, _name_of, _randint, _refuse_calls, _run
 
 
 def _parameter_formula(cfg: Any, final_norms: bool = True, tie: bool = True, share: bool = True,
@@ -80,5 +80,14 @@ def grade_parameter_count(fn: Callable[[Any], int], seed: int | None = None) -> 
             return count
         return torch.tensor(count)  # a 0-d int64 tensor, compared exactly
 
+    def refusal(label: str, built: type | None) -> str:
+        what = "the model, Transformer(cfg)," if label == "model" else f"a module, {getattr(built, '__name__', '?')},"
+        return (f"your function built {what} to count parameters; the exercise is to compute the count from cfg "
+                f"alone, without building the model: add up the pieces of the chapter's table.")
+
+    # The exercise's own rule, "without building the model": building the model (or any piece of it) and counting
+    # its parameters would pass every value check below.
+    _refuse_calls(fn, [case for _, case in cases], {Transformer.__init__: "model", nn.Module.__init__: "module"},
+                  refusal, "grade_parameter_count", seed)
     as_tensor.__name__ = _name_of(fn)
     _run("grade_parameter_count", as_tensor, reference, cases, seed, atol=0, rtol=0, hints=hints)

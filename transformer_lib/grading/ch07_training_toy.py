@@ -3,11 +3,19 @@
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer_lib.training import translation_loss
 
-from .engine import _generator, _randint, _run
+from .engine import _generator, _randint, _refuse_calls, _run
+
+# The ways to reach PyTorch's cross-entropy, which the exercise forbids; the check names the first one reached.
+_CROSS_ENTROPY = {
+    translation_loss: "tl.translation_loss, which calls torch.nn.functional.cross_entropy",
+    nn.CrossEntropyLoss.forward: "nn.CrossEntropyLoss, which calls torch.nn.functional.cross_entropy",
+    nn.functional.cross_entropy: "torch.nn.functional.cross_entropy (F.cross_entropy)",
+    torch._C._nn.cross_entropy_loss: "torch._C._nn.cross_entropy_loss, the kernel of F.cross_entropy",
+}
 
 
 def _smoothed_per_token(logits: Tensor, labels: Tensor, on_label: float, on_others: float, dim: int = -1) -> Tensor:
@@ -15,6 +23,15 @@ def _smoothed_per_token(logits: Tensor, labels: Tensor, on_label: float, on_othe
     log_p = torch.log_softmax(logits, dim=dim)  # (B, T, V), normalised over the classes unless dim says otherwise
     q = torch.full_like(log_p, on_others).scatter_(-1, labels.unsqueeze(-1), on_label)  # (B, T, V)
     return -(q * log_p).sum(dim=-1)  # (B, T)
+
+
+def _label_smoothed_loss(logits: Tensor, labels: Tensor, pad_id: int, eps: float) -> Tensor:
+    """The exercise's answer, without cross_entropy: the mean over the real (non-padding) tokens of -sum_k q_k log p_k,
+    q = (1 - eps) one-hot + eps / V, what translation_loss computes with F.cross_entropy (0 if there are none)."""
+    vocab = logits.size(-1)
+    real = labels != pad_id  # (B, T)
+    per_token = _smoothed_per_token(logits, labels, 1 - eps + eps / vocab, eps / vocab)  # (B, T)
+    return (per_token * real).sum() / real.sum().clamp(min=1)
 
 
 def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None) -> None:
@@ -66,7 +83,7 @@ def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None
             lambda logits, labels, pad_id, eps: _smoothed_per_token(
                 logits, labels, 1 - eps, eps / (logits.size(-1) - 1))[labels != pad_id].mean(),
         "the loss has no label smoothing; mix the one-hot target with eps / V":
-            lambda logits, labels, pad_id, eps: translation_loss(logits, labels, pad_id, 0.0),
+            lambda logits, labels, pad_id, eps: _label_smoothed_loss(logits, labels, pad_id, 0.0),
         "eps is added to every class without dividing by V: q = (1 - eps) one-hot + eps / V sums to 1":
             lambda logits, labels, pad_id, eps: _smoothed_per_token(
                 logits, labels, 1 - eps + eps, eps)[labels != pad_id].mean(),
@@ -77,5 +94,9 @@ def grade_label_smoothed_loss(fn: Callable[..., Tensor], seed: int | None = None
         "each sentence is averaged first, then the sentences; average over all real tokens at once, so that every "
         "token counts the same": sentence_means,
     }
+    _refuse_calls(fn, [case for _, case in cases], _CROSS_ENTROPY,
+                  lambda label, _: f"your function called {label}; the exercise is to write the smoothed loss "
+                                   f"without calling cross_entropy, from log_softmax and the smoothed target q.",
+                  "grade_label_smoothed_loss", seed)
     _run("grade_label_smoothed_loss", fn,
          lambda logits, labels, pad_id, eps: translation_loss(logits, labels, pad_id, eps), cases, seed, hints=hints)

@@ -5,7 +5,10 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .engine import ExerciseGradeError, _describe, _difference, _generator, _name_of, _randint, not_attempted
+from transformer_lib.translation import average_checkpoints
+
+from .engine import (ExerciseGradeError, _describe, _difference, _generator, _name_of, _randint, _refuse_calls,
+                     not_attempted)
 
 
 def _average_state_dicts(state_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -51,6 +54,12 @@ def grade_average_checkpoints(fn: Callable[[list[dict[str, Tensor]]], dict[str, 
         "the first and the last state dicts are averaged, not all of them":
             lambda states: _average_state_dicts([states[0], states[-1]]),
     }
+    # The exercise is to write the average: the library's own function (folded in the chapter) would pass every
+    # value check below.
+    _refuse_calls(fn, [(states,) for _, states in cases], {average_checkpoints: "library"},
+                  lambda label, _: "your function called the library's average_checkpoints (tl.average_checkpoints); "
+                                   "the exercise is to write the average yourself, with torch.stack and mean.",
+                  "grade_average_checkpoints", seed)
     for number, (note, states) in enumerate(cases, start=1):
         where = f"{name}, case {number} of {len(cases)} ({note}; keys {sorted(states[0])})"
         given = [{key: value.clone() for key, value in state.items()} for state in states]

@@ -9,7 +9,9 @@ The engine grade_against also works on its own, for an exercise of your own:
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -413,3 +415,78 @@ def _run(check: str, fn: Callable[..., Any], reference: Callable[..., Any], case
         raise ExerciseGradeError(
             f"{error}\n(To run these same inputs again: {check}({name}, seed={seed}).)"
         ) from error.__cause__
+
+
+class _Calls:
+    """Record, while active, which of the watched functions run. A Python function is recognised by its code (its
+    name, names and constants, not where it was compiled: _fingerprint), so that every way of reaching it counts: an
+    attribute such as tl.average_checkpoints, a name imported earlier, a method or a library function that calls
+    it, a subclass's super().__init__, and the same function defined again by a chapter's `#| export` cell in the
+    notebook. A builtin (a function written in C) is recognised by identity. Each record is (the watched function's
+    label, the class of its `self` argument, or None)."""
+
+    def __init__(self, watched: Mapping[Any, str]) -> None:
+        self._codes = {_fingerprint(f.__code__): label for f, label in watched.items() if hasattr(f, "__code__")}
+        self._names = {f.__code__.co_name for f in watched if hasattr(f, "__code__")}
+        self._builtins = [(f, label) for f, label in watched.items() if not hasattr(f, "__code__")]
+        self.seen: list[tuple[str, type | None]] = []
+        self._previous: Any = None
+
+    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name in self._names:  # the name first: most calls stop here
+            label = self._codes.get(_fingerprint(frame.f_code))
+            if label is not None:
+                owner = frame.f_locals.get("self")
+                self.seen.append((label, None if owner is None else type(owner)))
+        elif event == "c_call":
+            self.seen.extend((label, None) for f, label in self._builtins if arg is f)
+
+    def __enter__(self) -> "_Calls":
+        self._previous = sys.getprofile()  # put back on exit (a profiler of the notebook's own, if any)
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._previous)
+
+
+def _fingerprint(code: CodeType) -> tuple:
+    """What a function's code is, wherever it was compiled: its name, its parameters and local names, the names it
+    uses and its constants (its docstring and messages among them). Not its bytecode, which changes with the code
+    around it (Python 3.11 compiles torch.stack(...) in a module that imports torch otherwise than in a notebook
+    cell that does not), nor nested code such as a comprehension's, which carries its line numbers."""
+    constants = tuple(c for c in code.co_consts if not isinstance(c, CodeType))
+    return code.co_name, code.co_argcount, code.co_varnames, code.co_names, constants
+
+
+def _refuse_calls(fn: Callable[..., Any], cases: Sequence[Mapping[str, Any] | tuple], watched: Mapping[Any, str],
+                  refusal: Callable[[str, type | None], str], check: str, seed: int) -> None:
+    """Run fn on the arguments of every case (copies; a dict passes them by name, a tuple by position, as the value
+    checks do) while watching for calls of the functions that the exercise's own rule forbids (watched: function ->
+    label); raise ExerciseGradeError with refusal(label, class of its self), one line that names what is wrong, for
+    the first one that ran. A crash or the untouched stub is left to the value checks that follow; the notebook's
+    random numbers are left alone."""
+    calls = _Calls(watched)
+    with torch.random.fork_rng(devices=[]), calls:
+        for case in cases:
+            args, kwargs = (case, {}) if isinstance(case, tuple) else ((), case)
+            try:
+                fn(*_copied(args), **_copied(kwargs))
+            except Exception:  # NotImplementedError (the stub) or a crash: the value checks say so, with the input
+                break
+    if calls.seen:
+        name = _name_of(fn)
+        raise ExerciseGradeError(f"{name}, the rule check: {refusal(*calls.seen[0])}\n"
+                                 f"(To run these same inputs again: {check}({name}, seed={seed}).)")
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a case's argument that the learner may change without touching the case: tensors cloned, inside
+    dicts, lists and tuples too."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {key: _copied(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_copied(item) for item in value)
+    return value
