@@ -158,13 +158,12 @@ def judge(records: list[dict], noise: dict[str, dict]) -> dict[str, dict]:
     judged = {}
     for variant, sentences in noise.items():
         seeds = len(sentences["seeds"])
-        from_seeds = sd / math.sqrt(seeds) if sd is not None else 0.0
-        se = math.sqrt(sentences["se"] ** 2 + from_seeds ** 2)
+        from_seeds = None if sd is None else sd / math.sqrt(seeds)
+        se = math.sqrt(sentences["se"] ** 2 + (from_seeds or 0.0) ** 2)
         t = sentences["gap"] / se if se > 0 else (0.0 if sentences["gap"] == 0 else math.inf)
-        p = 2 * (stats.t.sf(abs(t), freedom) if sd is not None else stats.norm.sf(abs(t)))
-        judged[variant] = {**sentences, "se_sentences": sentences["se"], "se_seeds": from_seeds if sd is not None else None,
-                           "se": se, "t": t, "p_value": float(p), "seeds_measured": sd is not None,
-                           "seed_sd": sd, "freedom": freedom}
+        p = 2 * (stats.norm.sf(abs(t)) if sd is None else stats.t.sf(abs(t), freedom))
+        judged[variant] = {**sentences, "se_sentences": sentences["se"], "se_seeds": from_seeds, "se": se, "t": t,
+                           "p_value": float(p), "seeds_measured": sd is not None, "seed_sd": sd, "freedom": freedom}
     family = [variant for variant in VARIANTS if variant != "baseline"]
     adjusted = holm({variant: j["p_value"] for variant, j in judged.items()}, len(family))
     for variant, j in judged.items():

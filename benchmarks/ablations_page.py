@@ -248,9 +248,10 @@ def verdict(variant: str, records: list[dict], stats: dict, judged: dict) -> str
         return text + way + (f" The mean gap over {over}, {j['gap']:+.2f}, has a standard error of "
                              f"{j['se_sentences']:.2f} from the sentences; the seeds' noise is not measured yet (no "
                              f"variant has two seeds), so no verdict: p {_p(j['p_value'])} from the sentences alone.")
+    adjusted = "below 0.001" if j["holm"] < 0.001 else f"{j['holm']:.3f}"
     text += way + (f" The mean gap over {over}, {j['gap']:+.2f}, has a standard error of {j['se']:.2f} "
                    f"({j['se_sentences']:.2f} from the sentences, {j['se_seeds']:.2f} from the seeds): p "
-                   f"{_p(j['p_value'])} ({_p(j['holm'])[2:] if j['holm'] >= 0.001 else 'below 0.001'} after Holm's "
+                   f"{_p(j['p_value'])} ({adjusted} after Holm's "
                    f"adjustment over the {j['family']} variants).")
     if j["holm"] < ALPHA:
         return text + " Beyond the noise."
